@@ -1,0 +1,2 @@
+// CPU implementation of paged_attention: being written.
+#include <torch/library.h>

@@ -1,0 +1,2 @@
+// CPU implementation of write_kv_cache: being written.
+#include <torch/library.h>

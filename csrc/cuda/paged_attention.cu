@@ -1,0 +1,1 @@
+// CUDA kernels for paged_attention: being written.

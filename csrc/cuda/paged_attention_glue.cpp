@@ -1,0 +1,2 @@
+// CUDA glue for paged_attention: being written.
+#include <torch/library.h>

@@ -1,0 +1,1 @@
+// CUDA kernels for verify_chain: being written.

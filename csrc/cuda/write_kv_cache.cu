@@ -1,0 +1,1 @@
+// CUDA kernels for write_kv_cache: being written.

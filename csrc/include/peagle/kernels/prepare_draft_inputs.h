@@ -1,0 +1,206 @@
+// prepare_draft_inputs: the fused P-EAGLE draft-batch step (SPEC.md §3-4), torch-free.
+//
+// One request r of the target (verify) batch owns rows [qs, qn) there and rows
+// [qs + r*N, qn + (r+1)*N) of the drafter batch, laid out as
+//   [nv copied ids][NTP row][S-1 mask rows][nrej rejected rows]      (N = S - shift)
+// The per-request plan and the per-row values below are shared by the CPU loop and the CUDA
+// kernel so that both compute the same function; tests compare them with an independent
+// pure-PyTorch reference (tests/reference/prepare_draft_inputs.py).
+#pragma once
+#include <cstdint>
+
+#include "peagle/common.h"
+
+namespace peagle {
+
+struct PrepareDraftInputsParams {
+  // Target (verify) batch.
+  const int32_t* target_token_ids = nullptr;  // [num_target_tokens]
+  const int64_t* target_positions = nullptr;  // [num_target_tokens]
+  const int32_t* query_start_loc = nullptr;   // [num_reqs + 1]
+  const int32_t* seq_lens = nullptr;          // [num_reqs]
+  // Stage A/B inputs.
+  const int32_t* sampled_token_ids = nullptr;  // [num_reqs, sampled_stride], K+1 columns used
+  int64_t sampled_stride = 0;
+  int32_t num_sampled_cols = 0;  // K + 1
+  const bool* discard_request_mask = nullptr;    // [num_reqs]
+  const int32_t* backup_next_token_ids = nullptr;  // [num_reqs]
+  const int32_t* cu_num_draft_tokens = nullptr;  // [num_reqs], inclusive
+  const int32_t* block_table = nullptr;          // [num_reqs, block_table_stride]
+  int64_t block_table_stride = 0;
+  int32_t max_blocks_per_seq = 0;
+  // Hidden rows (bytes, dtype-agnostic); hidden_row_bytes == 0 disables the hidden part.
+  const char* target_hidden = nullptr;  // [num_target_tokens, H]
+  int64_t target_hidden_stride = 0;     // bytes between rows
+  const char* mask_hidden = nullptr;    // [H] = fc(mask_hidden)
+  int64_t hidden_row_bytes = 0;
+  char* hidden_states = nullptr;  // [num_out_rows, H]
+  int64_t hidden_stride = 0;      // bytes between rows
+  // Sizes and scalars.
+  int32_t num_reqs = 0;
+  int64_t num_target_tokens = 0;  // capacity of the target arrays (T_in)
+  int64_t num_out_rows = 0;       // capacity of the row outputs (>= T_in + B*N)
+  int32_t num_slots = 0;          // S = num_padding_slots_per_request
+  int32_t shift = 1;              // shift_input_ids
+  int32_t mask_token_id = 0;
+  int32_t padding_token_id = 0;
+  int32_t block_size = 16;
+  int64_t max_model_len = 0;
+  int32_t vocab_size = 0;
+  // Row outputs [num_out_rows].
+  int32_t* input_ids = nullptr;
+  int64_t* positions = nullptr;
+  bool* is_rejected = nullptr;
+  bool* is_masked = nullptr;
+  int64_t* slot_mapping = nullptr;
+  // Per-request outputs.
+  int32_t* token_indices_to_sample = nullptr;  // [num_reqs * S]
+  int32_t* new_query_start_loc = nullptr;      // [num_reqs + 1]
+  int32_t* new_seq_lens = nullptr;             // [num_reqs]
+  int32_t* next_token_ids = nullptr;           // [num_reqs]
+  int32_t* valid_sampled_tokens_count = nullptr;  // [num_reqs]
+};
+
+// Stage A (SPEC §3.2) for one request: a token is valid iff 0 <= id < vocab_size.
+PEAGLE_HD void next_token_for_request(const int32_t* sampled_row, int32_t num_cols, bool discard,
+                                      int32_t backup, int32_t vocab_size, int32_t* next,
+                                      int32_t* valid) {
+  if (discard) {
+    *next = backup;
+    *valid = 0;
+    return;
+  }
+  int32_t count = 0, last = backup;
+  for (int32_t c = 0; c < num_cols; ++c) {
+    const int32_t id = sampled_row[c];
+    if (id >= 0 && id < vocab_size) {
+      ++count;
+      last = id;
+    }
+  }
+  *next = last;
+  *valid = count;
+}
+
+struct DraftRequestPlan {
+  int64_t qs;    // first target row
+  int32_t qlen;  // target rows
+  int64_t out0;  // first drafter row = qs + r*N
+  int32_t rows;  // drafter rows = qlen + N
+  int32_t nv;    // copied rows before the NTP row
+  int32_t nrej;  // rejected rows at the tail
+  int64_t p0;    // position of the first target row
+  bool padding;  // CUDA-graph padding request (qlen == 0 or seq_len == 0): inert rows only
+  int32_t next_token;
+  int32_t valid_count;
+};
+
+// Stages A and B for request r. Out-of-range inputs are clamped so that no access leaves its
+// array (the CPU implementation reports them as errors before getting here).
+PEAGLE_HD DraftRequestPlan plan_draft_request(const PrepareDraftInputsParams& p, int32_t r) {
+  DraftRequestPlan plan;
+  const int64_t t_in = p.num_target_tokens;
+  const int64_t qs = clamp_val<int64_t>(p.query_start_loc[r], 0, t_in);
+  const int64_t qn = clamp_val<int64_t>(p.query_start_loc[r + 1], qs, t_in);
+  const int32_t n_new = p.num_slots - p.shift;
+  plan.qs = qs;
+  plan.qlen = static_cast<int32_t>(qn - qs);
+  plan.out0 = qs + static_cast<int64_t>(r) * n_new;
+  plan.rows = plan.qlen + n_new;
+  plan.padding = plan.qlen == 0 || p.seq_lens[r] <= 0;
+  if (plan.padding) {
+    plan.next_token = kInertTokenId;
+    plan.valid_count = 0;
+    plan.nrej = 0;
+    plan.nv = 0;
+    plan.p0 = 0;
+    return plan;
+  }
+  next_token_for_request(p.sampled_token_ids + static_cast<int64_t>(r) * p.sampled_stride,
+                         p.num_sampled_cols, p.discard_request_mask[r],
+                         p.backup_next_token_ids[r], p.vocab_size, &plan.next_token,
+                         &plan.valid_count);
+  const int32_t n_draft = p.cu_num_draft_tokens[r] - (r > 0 ? p.cu_num_draft_tokens[r - 1] : 0);
+  const int32_t nrej = n_draft > 0 ? n_draft + 1 - plan.valid_count : 0;
+  plan.nrej = clamp_val<int32_t>(nrej, 0, plan.qlen - 1);  // at least one valid row
+  plan.nv = plan.qlen - 1 - plan.nrej + (p.shift ? 0 : 1);
+  plan.p0 = p.target_positions[qs];
+  return plan;
+}
+
+struct DraftRow {
+  int32_t token_id;
+  int64_t position;
+  bool rejected;
+  bool masked;
+  int64_t slot;
+};
+
+// Values of drafter row j (0 <= j < plan.rows) of request r (Stage C + D).
+PEAGLE_HD DraftRow draft_row(const PrepareDraftInputsParams& p, const DraftRequestPlan& plan,
+                             int32_t r, int32_t j) {
+  DraftRow row;
+  if (plan.padding) {
+    row.token_id = kInertTokenId;
+    row.position = 0;
+    row.rejected = true;
+    row.masked = false;
+    row.slot = kPaddingSlotId;
+    return row;
+  }
+  const int32_t nv = plan.nv, s = p.num_slots;
+  if (j < nv) {
+    int64_t src = plan.qs + p.shift + j;
+    if (src > p.num_target_tokens - 1) src = p.num_target_tokens - 1;
+    row.token_id = p.target_token_ids[src];
+  } else if (j == nv) {
+    row.token_id = plan.next_token;
+  } else if (j < nv + s) {
+    row.token_id = p.mask_token_id;
+  } else {
+    row.token_id = p.padding_token_id;
+  }
+  row.rejected = j >= nv + s;
+  row.masked = j > nv && j < nv + s;
+  row.position = row.rejected ? 0 : plan.p0 + j;
+  row.slot = kPaddingSlotId;
+  if (!row.rejected && row.position >= 0 && row.position < p.max_model_len) {
+    const int64_t col = row.position / p.block_size;
+    if (col < p.max_blocks_per_seq) {  // keys beyond the table's capacity write nothing
+      const int64_t block = p.block_table[static_cast<int64_t>(r) * p.block_table_stride + col];
+      if (block >= 0) row.slot = block * p.block_size + row.position % p.block_size;
+    }
+  }
+  return row;
+}
+
+// Source of drafter row j's hidden state: -2 = the mask vector, -1 = left untouched,
+// otherwise the target row index (SPEC §4: scatter by hidden_state_mapping, mask wins).
+PEAGLE_HD int64_t hidden_source(const DraftRequestPlan& plan, const DraftRow& row, int32_t j) {
+  if (plan.padding) return -1;
+  if (row.masked) return -2;
+  if (j < plan.qlen) return plan.qs + j;
+  return -1;
+}
+
+// First row of the padded tail (inert rows up to num_out_rows).
+PEAGLE_HD int64_t draft_tail_start(const PrepareDraftInputsParams& p) {
+  const int64_t qn = clamp_val<int64_t>(p.query_start_loc[p.num_reqs], 0, p.num_target_tokens);
+  return qn + static_cast<int64_t>(p.num_reqs) * (p.num_slots - p.shift);
+}
+
+}  // namespace peagle
+
+#if defined(PEAGLE_WITH_CUDA) || defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+namespace peagle {
+// One launch: Stages A-E, hidden scatter + mask broadcast, inert tail (csrc/cuda/prepare_draft_inputs.cu).
+cudaError_t launch_prepare_draft_inputs(const PrepareDraftInputsParams& p, cudaStream_t stream);
+// Stage A alone: next_token_ids / valid_sampled_tokens_count.
+cudaError_t launch_prepare_next_token_ids(const int32_t* sampled_token_ids, int64_t sampled_stride,
+                                          int32_t num_cols, const bool* discard_request_mask,
+                                          const int32_t* backup_next_token_ids, int32_t vocab_size,
+                                          int32_t num_reqs, int32_t* next_token_ids,
+                                          int32_t* valid_sampled_tokens_count, cudaStream_t stream);
+}  // namespace peagle
+#endif

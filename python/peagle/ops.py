@@ -1,0 +1,443 @@
+"""Thin wrappers over ``torch.ops.peagle.*`` and their fake (meta) kernels.
+
+Every op writes into caller-provided buffers (so a CUDA graph can replay it with persistent
+buffers); the wrappers here allocate those buffers when they are not given. Shape, dtype and
+device errors are raised by the C++ op as ``RuntimeError`` naming the argument. Value errors
+(out-of-range ids, inconsistent lengths) are raised by the CPU kernels; the CUDA kernels never
+read or write out of bounds but cannot raise without a host sync, so set
+``PEAGLE_DEBUG_CHECKS=1`` to validate CUDA inputs by running the CPU op on copies first.
+
+Conventions (SPEC.md §0): token ids int32, positions and slot mappings int64, ``query_start_loc``
+/ ``seq_lens`` / ``block_table`` / ``cu_num_draft_tokens`` / sample indices int32;
+``PADDING_SLOT_ID = -1`` (no KV write), ``PLACEHOLDER_TOKEN_ID = -1`` (no token).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+import torch
+
+PADDING_SLOT_ID = -1
+PLACEHOLDER_TOKEN_ID = -1
+
+_ops = torch.ops.peagle
+
+__all__ = [
+    "PADDING_SLOT_ID",
+    "PLACEHOLDER_TOKEN_ID",
+    "DraftInputs",
+    "VerifyOutput",
+    "empty_draft_inputs",
+    "num_draft_rows",
+    "paged_attention",
+    "prepare_draft_inputs",
+    "prepare_next_token_ids",
+    "verify_chain",
+    "write_kv_cache",
+]
+
+
+def _debug_checks_enabled() -> bool:
+    return os.environ.get("PEAGLE_DEBUG_CHECKS", "0") not in ("", "0")
+
+
+def _debug_check_on_cpu(op, args: list) -> None:
+    """Run ``op`` on CPU copies of ``args`` so the CPU kernel's value checks see CUDA inputs."""
+    if not _debug_checks_enabled():
+        return
+    if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        return
+    op(*[a.detach().cpu().clone() if isinstance(a, torch.Tensor) else a for a in args])
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare_draft_inputs / prepare_next_token_ids
+# ---------------------------------------------------------------------------------------------
+
+
+class DraftInputs(NamedTuple):
+    """Drafter batch built by :func:`prepare_draft_inputs` (row outputs have ``num_out_rows``)."""
+
+    input_ids: torch.Tensor  # [num_out_rows] int32
+    positions: torch.Tensor  # [num_out_rows] int64
+    is_rejected: torch.Tensor  # [num_out_rows] bool
+    is_masked: torch.Tensor  # [num_out_rows] bool
+    token_indices_to_sample: torch.Tensor  # [B * S] int32
+    slot_mapping: torch.Tensor  # [num_out_rows] int64
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    next_token_ids: torch.Tensor  # [B] int32
+    valid_sampled_tokens_count: torch.Tensor  # [B] int32
+    hidden_states: torch.Tensor | None  # [num_out_rows, H] or None
+
+
+def num_draft_rows(
+    num_target_tokens: int,
+    num_reqs: int,
+    num_padding_slots_per_request: int,
+    shift_input_ids: bool = True,
+) -> int:
+    """Rows of the drafter batch: ``T_in + B * (S - shift)`` (EDGE_CASES C4)."""
+    return num_target_tokens + num_reqs * (num_padding_slots_per_request - int(shift_input_ids))
+
+
+def empty_draft_inputs(
+    num_reqs: int,
+    num_out_rows: int,
+    num_padding_slots_per_request: int,
+    device: torch.device | str,
+    hidden_size: int | None = None,
+    hidden_dtype: torch.dtype | None = None,
+) -> DraftInputs:
+    """Allocate the output buffers of :func:`prepare_draft_inputs` (uninitialised)."""
+    kw = {"device": device}
+    i32, i64 = torch.int32, torch.int64
+    return DraftInputs(
+        input_ids=torch.empty(num_out_rows, dtype=i32, **kw),
+        positions=torch.empty(num_out_rows, dtype=i64, **kw),
+        is_rejected=torch.empty(num_out_rows, dtype=torch.bool, **kw),
+        is_masked=torch.empty(num_out_rows, dtype=torch.bool, **kw),
+        token_indices_to_sample=torch.empty(
+            num_reqs * num_padding_slots_per_request, dtype=i32, **kw
+        ),
+        slot_mapping=torch.empty(num_out_rows, dtype=i64, **kw),
+        query_start_loc=torch.empty(num_reqs + 1, dtype=i32, **kw),
+        seq_lens=torch.empty(num_reqs, dtype=i32, **kw),
+        next_token_ids=torch.empty(num_reqs, dtype=i32, **kw),
+        valid_sampled_tokens_count=torch.empty(num_reqs, dtype=i32, **kw),
+        hidden_states=None
+        if hidden_size is None
+        else torch.empty(num_out_rows, hidden_size, dtype=hidden_dtype, **kw),
+    )
+
+
+def prepare_draft_inputs(
+    target_token_ids: torch.Tensor,
+    target_positions: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sampled_token_ids: torch.Tensor,
+    discard_request_mask: torch.Tensor,
+    backup_next_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    num_padding_slots_per_request: int,
+    mask_token_id: int,
+    block_size: int,
+    max_model_len: int,
+    vocab_size: int,
+    target_hidden_states: torch.Tensor | None = None,
+    mask_hidden: torch.Tensor | None = None,
+    padding_token_id: int = 0,
+    shift_input_ids: bool = True,
+    num_out_rows: int | None = None,
+    out: DraftInputs | None = None,
+) -> DraftInputs:
+    """Build the P-EAGLE drafter batch from the target verify batch in one op (SPEC.md §3-4).
+
+    Fuses vLLM's Stages A-E (next token and valid count, rejected count, copy-and-expand, slot
+    mapping, metadata extension) with the hidden-state scatter and the mask broadcast. Request
+    ``r`` owns target rows ``[qsl[r], qsl[r+1])`` and drafter rows starting at ``qsl[r] + r*N``
+    (``N = S - shift``), laid out as ``[copied ids][NTP][S-1 mask rows][rejected tail]``.
+
+    Args:
+        target_token_ids: ``[T_in]`` int32, the verify batch's ids (rejected drafts included).
+        target_positions: ``[T_in]`` int64 positions.
+        query_start_loc: ``[B+1]`` int32 target layout.
+        seq_lens: ``[B]`` int32 target KV lengths (including the verify rows); 0 marks a
+            CUDA-graph padding request, whose rows are inert and whose block-table row is never
+            read.
+        sampled_token_ids: ``[B, K+1]`` int32 previous verification output (-1 placeholders);
+            a token is valid iff ``0 <= id < vocab_size``.
+        discard_request_mask: ``[B]`` bool, requests whose sample is discarded (partial prefill).
+        backup_next_token_ids: ``[B]`` int32 next token for discarded / all-invalid rows.
+        cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of the drafts verified per request.
+        block_table: ``[B, max_blocks]`` int32 drafter KV block table.
+        num_padding_slots_per_request: ``S`` (P-EAGLE and PARD: K; serial draft model: 1).
+        mask_token_id: the mask token (``ptd_token_id`` / ``pard_token``) for the S-1 MTP slots.
+        block_size: KV-cache block size (tokens per block) of the drafter's cache.
+        max_model_len: rows at positions ``>= max_model_len`` get ``PADDING_SLOT_ID``.
+        vocab_size: target vocabulary size ``V``.
+        target_hidden_states: ``[T_in, H]`` target features already projected by ``fc``
+            (bf16/fp16/fp32); with ``mask_hidden`` and shift only.
+        mask_hidden: ``[H]`` the projected shared vector ``fc(mask_hidden)``, same dtype.
+        padding_token_id: id written into rejected rows (0).
+        shift_input_ids: EAGLE shift (True for EAGLE / P-EAGLE, False for PARD / draft models).
+        num_out_rows: row capacity (CUDA-graph padding); default ``T_in + B*N``. Rows past the
+            live count are inert: id 0, position 0, slot -1, flags False.
+        out: preallocated buffers (see :func:`empty_draft_inputs`), written in place.
+
+    Returns:
+        :class:`DraftInputs`. Hidden rows of rejected rows are unspecified (SPEC §4).
+
+    Raises:
+        RuntimeError: on a wrong shape, dtype or device (naming the argument), and from the CPU
+            kernel on inconsistent values (non-monotone ``query_start_loc``, more rejected rows
+            than the request has, block table too narrow for a position, invalid backup token).
+    """
+    b = query_start_loc.shape[0] - 1
+    if out is None:
+        rows = num_out_rows
+        if rows is None:
+            rows = num_draft_rows(
+                target_token_ids.shape[0], b, num_padding_slots_per_request, shift_input_ids
+            )
+        out = empty_draft_inputs(
+            b,
+            rows,
+            num_padding_slots_per_request,
+            target_token_ids.device,
+            None if target_hidden_states is None else target_hidden_states.shape[1],
+            None if target_hidden_states is None else target_hidden_states.dtype,
+        )
+    args = [
+        target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
+        discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
+        target_hidden_states, mask_hidden, num_padding_slots_per_request, mask_token_id,
+        padding_token_id, shift_input_ids, block_size, max_model_len, vocab_size,
+        out.input_ids, out.positions, out.is_rejected, out.is_masked,
+        out.token_indices_to_sample, out.slot_mapping, out.query_start_loc, out.seq_lens,
+        out.next_token_ids, out.valid_sampled_tokens_count, out.hidden_states,
+    ]  # fmt: skip
+    _debug_check_on_cpu(_ops.prepare_draft_inputs.default, args)
+    _ops.prepare_draft_inputs.default(*args)
+    return out
+
+
+def prepare_next_token_ids(
+    sampled_token_ids: torch.Tensor,
+    discard_request_mask: torch.Tensor,
+    backup_next_token_ids: torch.Tensor,
+    vocab_size: int,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage A alone (SPEC §3.2): ``(next_token_ids [B] int32, valid_sampled_tokens_count [B])``.
+
+    For each request: discarded -> ``(backup, 0)``; otherwise the count of valid ids
+    (``0 <= id < vocab_size``) in its ``[K+1]`` row and the id at the largest valid column, or
+    the backup token when none is valid. Equivalent to vLLM's
+    ``eagle_prepare_next_token_padded_kernel`` except that any negative id is invalid.
+    """
+    b = sampled_token_ids.shape[0]
+    if out is None:
+        dev = sampled_token_ids.device
+        out = (
+            torch.empty(b, dtype=torch.int32, device=dev),
+            torch.empty(b, dtype=torch.int32, device=dev),
+        )
+    _ops.prepare_next_token_ids.default(
+        sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size, out[0], out[1]
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# write_kv_cache / paged_attention
+# ---------------------------------------------------------------------------------------------
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new K/V rows into the paged cache (SPEC §5).
+
+    Args:
+        key, value: ``[T, Hkv, D]`` new rows (same dtype as the caches).
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]`` (strided views allowed, e.g.
+            the halves of a ``[2, num_blocks, ...]`` cache); written in place.
+        slot_mapping: ``[T]`` int64; row ``t`` goes to block ``s // block_size``, offset
+            ``s % block_size``; ``PADDING_SLOT_ID`` (-1) rows write nothing.
+
+    Raises:
+        RuntimeError: shape/dtype/device mismatch; a slot outside the cache (CPU).
+    """
+    args = [key, value, key_cache, value_cache, slot_mapping]
+    _debug_check_on_cpu(_ops.write_kv_cache.default, args)
+    _ops.write_kv_cache.default(*args)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    max_query_len: int = -1,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of ragged query rows over a paged KV cache (SPEC §5).
+
+    Request ``r`` owns query rows ``[qsl[r], qsl[r+1])``; with ``qlen`` rows and ``kv_len =
+    seq_lens[r]`` keys (this step's rows included), row ``i`` sees keys
+    ``kv_len - qlen + i - window_left <= k <= kv_len - qlen + i`` (bottom-right aligned causal
+    mask; no lower bound when ``window_left < 0``). Query head ``h`` reads KV head
+    ``h // (Hq // Hkv)`` (GQA). Scores, softmax and the weighted sum run in fp32.
+
+    Args:
+        query: ``[T, Hq, D]`` bf16/fp16 (after RoPE).
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype; strided views
+            allowed (unit stride in D).
+        block_table: ``[B, max_blocks]`` int32; never read past ``ceil(kv_len / block_size)``
+            columns nor for requests with ``kv_len == 0``.
+        query_start_loc: ``[B+1]`` int32; seq_lens: ``[B]`` int32.
+        softmax_scale: default ``1/sqrt(D)``.
+        max_query_len: upper bound on query rows per request (a launch-size hint; -1 = T).
+            Results never depend on it.
+        window_left: sliding-window size to the left (GPT-OSS); -1 = full attention.
+        sinks: optional ``[Hq]`` fp32 per-head sink logits added to the softmax denominator.
+        num_splits: split-KV count; 0 = chosen on the device, > 0 = fixed (bit-reproducible).
+        return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log, scaled scores).
+        out, lse: preallocated outputs.
+
+    Returns:
+        ``out [T, Hq, D]`` (and ``lse``). Rows that see no key give 0 and ``lse = -inf``.
+
+    Raises:
+        RuntimeError: shape/dtype/device mismatch, ``Hq % Hkv != 0``, unsupported head_dim.
+    """
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(query.shape[-1])
+    if out is None:
+        out = torch.empty_like(query)
+    if return_lse and lse is None:
+        lse = torch.empty(query.shape[0], query.shape[1], dtype=torch.float32, device=query.device)
+    args = [
+        query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+        float(softmax_scale), int(max_query_len), out, lse if return_lse else None,
+        int(window_left), sinks, int(num_splits),
+    ]  # fmt: skip
+    _debug_check_on_cpu(_ops.paged_attention.default, args)
+    _ops.paged_attention.default(*args)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_chain
+# ---------------------------------------------------------------------------------------------
+
+
+class VerifyOutput(NamedTuple):
+    output_token_ids: torch.Tensor  # [B, max_n + 1] int32, emitted tokens then -1
+    num_accepted: torch.Tensor  # [B] int32
+    accepted_per_position: torch.Tensor | None  # [B, max_n] bool
+
+
+def verify_chain(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    draft_probs: torch.Tensor | None = None,
+    uniforms: torch.Tensor | None = None,
+    request_mask: torch.Tensor | None = None,
+    max_num_draft_tokens: int | None = None,
+    return_accepted_per_position: bool = False,
+    out: VerifyOutput | None = None,
+) -> VerifyOutput:
+    """Tree-free (chain) speculative verification straight from target logits (SPEC §6).
+
+    Request ``r`` owns ``n_r + 1`` consecutive logits rows: its ``n_r`` draft positions, then
+    its bonus row. Greedy requests (``temperature == 0``) accept a draft iff it equals the
+    first-index argmax. Random requests accept draft ``x`` iff ``u <= p(x) / q(x)`` with
+    ``p = softmax(logits / T)`` after top-k/top-p, ``q`` = ``draft_probs`` (one-hot when None),
+    ``u`` uniform in [0, 1) (float64); a token with ``p(x) = 0`` is never accepted. At the first
+    rejection the op emits a recovered token ~ ``normalize(max(p - q, 0))``; if every draft is
+    accepted it emits a bonus token ~ ``p`` of the bonus row (argmax for greedy rows).
+
+    Randomness: Philox4x32-10 keyed by ``seeds[r]`` with counter ``(offsets[r], index,
+    stream)``; a request's draws depend only on its own seed, offset and rows. The op never
+    modifies ``seeds``/``offsets``; advance ``offsets`` by 1 per step (each step uses counter
+    words below 2^32 in the other fields). Requests with 0 drafts use no acceptance draws.
+
+    Args:
+        target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; the row stride may exceed V.
+        draft_token_ids: ``[T]`` int32 drafts, request by request.
+        cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of draft counts (0 drafts allowed).
+        temperature: ``[B]`` fp32; 0 = greedy.
+        seeds, offsets: ``[B]`` int64 Philox seed and counter offset per request.
+        top_k: ``[B]`` int32 (0 or >= V = off); top_p: ``[B]`` fp32 (1 = off).
+        draft_probs: ``[T, V]`` fp32 probabilities the drafts were sampled from (None = argmax).
+        uniforms: ``[T]`` float64 acceptance draws overriding Philox (tests, vLLM parity).
+        request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing.
+        max_num_draft_tokens: output width minus one; default: max draft count (host sync).
+        return_accepted_per_position: also return ``[B, max_n]`` bool per-position acceptance.
+        out: preallocated outputs, overwritten (never accumulated).
+
+    Returns:
+        :class:`VerifyOutput`; a real request emits ``num_accepted + 1`` tokens.
+
+    Raises:
+        RuntimeError: shape/dtype/device mismatch; inconsistent draft counts (CPU).
+    """
+    b = cu_num_draft_tokens.shape[0]
+    if out is None:
+        if max_num_draft_tokens is None:
+            if b == 0:
+                max_num_draft_tokens = 0
+            else:
+                counts = torch.diff(
+                    cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1)
+                )
+                max_num_draft_tokens = int(counts.max().item())
+        dev = target_logits.device
+        out = VerifyOutput(
+            torch.empty(b, max_num_draft_tokens + 1, dtype=torch.int32, device=dev),
+            torch.empty(b, dtype=torch.int32, device=dev),
+            torch.empty(b, max_num_draft_tokens, dtype=torch.bool, device=dev)
+            if return_accepted_per_position
+            else None,
+        )
+    args = [
+        target_logits, draft_token_ids, cu_num_draft_tokens, temperature, seeds, offsets,
+        out.output_token_ids, out.num_accepted, top_k, top_p, draft_probs, uniforms,
+        request_mask, out.accepted_per_position,
+    ]  # fmt: skip
+    _debug_check_on_cpu(_ops.verify_chain.default, args)
+    _ops.verify_chain.default(*args)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake (meta) kernels: every op mutates caller-provided outputs and returns nothing, so the
+# fakes only have to exist (shape checks happen in the real kernels); torch.compile traces the
+# ops through auto-functionalization.
+# ---------------------------------------------------------------------------------------------
+
+
+def _register_fakes() -> None:
+    for name in (
+        "prepare_next_token_ids",
+        "prepare_draft_inputs",
+        "write_kv_cache",
+        "paged_attention",
+        "verify_chain",
+    ):
+
+        def _fake(*args, **kwargs):  # noqa: ARG001
+            return None
+
+        torch.library.register_fake(f"peagle::{name}")(_fake)
+
+
+_register_fakes()
