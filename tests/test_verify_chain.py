@@ -334,6 +334,19 @@ def test_random_matches_reference(device, variant, injected):
     assert (got.output_token_ids == ref.output_token_ids).float().mean() > 0.9
 
 
+@pytest.mark.parametrize("vocab", [1, 111, 32001])
+@pytest.mark.parametrize("filtered", [False, True], ids=["plain", "top_k_top_p"])
+def test_random_vocab_sizes(device, vocab, filtered):
+    gen = torch.Generator().manual_seed(vocab * 2 + filtered)
+    counts = [3, 0, 5, 1]
+    kw = {"top_k": [2, 0, 30, 1], "top_p": [0.9, 0.5, 1.0, 0.7]} if filtered else {}
+    case = make_case(counts, vocab, gen, temps=[0.6, 1.0, 0.9, 1.5], draft_probs=vocab > 1, **kw)
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+    if vocab == 1:  # p = q = 1 on the only token: every draft accepted
+        assert got.num_accepted.tolist() == counts
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_random_low_precision_logits(device, dtype):
     gen = torch.Generator().manual_seed(17)

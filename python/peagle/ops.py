@@ -357,38 +357,69 @@ def verify_chain(
 ) -> VerifyOutput:
     """Tree-free (chain) speculative verification straight from target logits (SPEC §6).
 
-    Request ``r`` owns ``n_r + 1`` consecutive logits rows: its ``n_r`` draft positions, then
-    its bonus row. Greedy requests (``temperature == 0``) accept a draft iff it equals the
-    first-index argmax. Random requests accept draft ``x`` iff ``u <= p(x) / q(x)`` with
-    ``p = softmax(logits / T)`` after top-k/top-p, ``q`` = ``draft_probs`` (one-hot when None),
-    ``u`` uniform in [0, 1) (float64); a token with ``p(x) = 0`` is never accepted. At the first
-    rejection the op emits a recovered token ~ ``normalize(max(p - q, 0))``; if every draft is
-    accepted it emits a bonus token ~ ``p`` of the bonus row (argmax for greedy rows).
+    Layout: request ``r`` has ``n_r = cu[r] - cu[r-1]`` drafts (``cu[-1] = 0``) and owns the
+    ``n_r + 1`` consecutive logits rows ``[cu[r-1] + r, cu[r] + r]``: its draft rows, then its
+    bonus row.
 
-    Randomness: Philox4x32-10 keyed by ``seeds[r]`` with counter ``(offsets[r], index,
-    stream)``; a request's draws depend only on its own seed, offset and rows. The op never
-    modifies ``seeds``/``offsets``; advance ``offsets`` by 1 per step (each step uses counter
-    words below 2^32 in the other fields). Requests with 0 drafts use no acceptance draws.
+    Greedy requests (``temperature == 0``) accept draft ``j`` iff it equals the first-index argmax
+    of row ``j``'s logits; the first mismatch emits that argmax; if all are accepted the bonus
+    row's argmax is emitted. They are never divided by the temperature; top-k/top-p do not apply.
+
+    Random requests use scores ``s = logit * (1.0f / T)`` (float32; NaN counts as -inf).
+    Top-k (``k = top_k[r]``, off if 0 or >= V) keeps ``s >= `` the k-th largest score (ties at the
+    threshold kept, as vLLM); then top-p (``top_p[r]``, off if 1) keeps ``v`` iff the kept
+    probability mass of tokens with a strictly greater score is ``< top_p`` (vLLM's rule for
+    distinct values; the maximum is always kept). ``p = softmax`` over the kept tokens (others
+    and -inf logits exactly 0). Draft ``x`` is accepted iff ``0 <= x < V``, ``p(x) > 0``,
+    ``q(x) > 0`` and ``u <= p(x) / q(x)`` (float64), with ``q = draft_probs[row]`` (``q == 1``
+    when ``draft_probs`` is None, i.e. argmax drafting). At the first rejection only, the
+    recovered token is drawn from ``normalize(max(p - q, 0))`` (``p`` with ``x`` removed when
+    ``draft_probs`` is None) by Gumbel-max; if every draft is accepted, the bonus token is drawn
+    from ``p`` of the bonus row. Ties go to the lowest index, an empty residual falls back to
+    the argmax of ``p``, and every emitted id is in ``[0, V)``.
+
+    Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
+    counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
+    position ``j`` in the request, ``u = ((w0 >> 5) * 2^26 + (w1 >> 6)) / 2^53``. Stream 1
+    (recovered) and 2 (bonus): vocabulary entry ``v`` uses word ``v % 4`` of index ``v // 4``,
+    ``f = ((w >> 9) + 0.5) * 2^-23`` in (0, 1) and Gumbel noise ``-log(-log(f))`` (float32,
+    precise ``logf``). A request's draws depend only on its own seed, offset and draft count;
+    requests with 0 drafts use no acceptance draws. The op never modifies ``seeds`` /
+    ``offsets``: **advance each request's offset by 1 per step** (never reuse a (seed, offset)
+    pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms`` to inject the
+    acceptance draws.
+
+    CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
+    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows).
 
     Args:
-        target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; the row stride may exceed V.
-        draft_token_ids: ``[T]`` int32 drafts, request by request.
+        target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row
+            stride may exceed V.
+        draft_token_ids: ``[T]`` int32 drafts, request by request (ids outside ``[0, V)`` are
+            rejected without being used as an index).
         cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of draft counts (0 drafts allowed).
         temperature: ``[B]`` fp32; 0 = greedy.
         seeds, offsets: ``[B]`` int64 Philox seed and counter offset per request.
-        top_k: ``[B]`` int32 (0 or >= V = off); top_p: ``[B]`` fp32 (1 = off).
-        draft_probs: ``[T, V]`` fp32 probabilities the drafts were sampled from (None = argmax).
+        top_k: ``[B]`` int32 (0 or >= V = off); top_p: ``[B]`` fp32 in (0, 1] (1 = off).
+        draft_probs: ``[T, V]`` fp32 probabilities the drafts were sampled from (None = argmax
+            drafts); unit stride along V.
         uniforms: ``[T]`` float64 acceptance draws overriding Philox (tests, vLLM parity).
-        request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing.
+        request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing and their
+            per-request values are never read.
         max_num_draft_tokens: output width minus one; default: max draft count (host sync).
-        return_accepted_per_position: also return ``[B, max_n]`` bool per-position acceptance.
-        out: preallocated outputs, overwritten (never accumulated).
+        return_accepted_per_position: also return ``[B, max_n]`` bool, ``j < num_accepted``.
+        out: preallocated outputs, fully overwritten (never accumulated).
 
     Returns:
-        :class:`VerifyOutput`; a real request emits ``num_accepted + 1`` tokens.
+        :class:`VerifyOutput`: ``output_token_ids [B, max_n + 1]`` int32 (emitted tokens, then
+        -1), ``num_accepted [B]`` int32 (a real request emits ``num_accepted + 1`` tokens), and
+        ``accepted_per_position`` or None. Masked rows: all -1, 0, False.
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch; inconsistent draft counts (CPU).
+        RuntimeError: shape/dtype/device mismatch (naming the argument); on CPU also
+            inconsistent ``cu_num_draft_tokens`` (decreasing, not ending at T), more drafts than
+            ``max_n``, a negative/non-finite temperature, ``top_k < 0`` or ``top_p`` outside
+            (0, 1]. The CUDA op clamps instead (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
     """
     b = cu_num_draft_tokens.shape[0]
     if out is None:
