@@ -498,10 +498,10 @@ def test_cuda_matches_cpu(num_reqs, k, hidden_size):
             gpu = run_op(batch, "cuda")
             for name in ROW_FIELDS + REQ_FIELDS:
                 assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
-            if cpu.hidden_states is not None:
-                ref = prepare_draft_inputs_ref(*batch.positional(), **batch.kwargs())
-                d = ref["hidden_defined"]
-                assert torch.equal(gpu.hidden_states.cpu()[d], cpu.hidden_states[d])
+            if cpu.hidden_states is not None:  # same rows written, the rest left poisoned
+                torch.testing.assert_close(
+                    gpu.hidden_states.cpu(), cpu.hidden_states, rtol=0, atol=0, equal_nan=True
+                )
 
 
 @requires_cuda
