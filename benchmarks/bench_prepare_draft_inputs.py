@@ -128,6 +128,26 @@ def main() -> None:
                 check_same(a, kw, out, peers[i], new_qsl, new_sl)
             torch.cuda.synchronize()
 
+            # Host cost of one call (wrapper, dispatcher, checks, launch), GPU not waited on.
+            import time
+
+            a0, kw0, out0 = sets[0]
+            raw = torch.ops.peagle.prepare_draft_inputs.default
+            full = [*a0, kw0["target_hidden_states"], kw0["mask_hidden"], K, VOCAB - 1, 0, True,
+                    16, 10**6, VOCAB, *out0]  # fmt: skip
+            for label, call in (("wrapper", lambda: run_peagle(0)), ("raw_op", lambda: raw(*full))):
+                for _ in range(50):
+                    call()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(500):
+                    call()
+                host_us = (time.perf_counter() - t0) / 500 * 1e6
+                torch.cuda.synchronize()
+                res.extra.setdefault("host_us_per_call", {})[f"B={b},H={h},{label}"] = round(
+                    host_us, 2
+                )
+
             case = f"B={b},K={K},H={h}"
             for impl, fn in (("peagle", run_peagle), ("vllm-multiop", run_peer),
                              ("gather-floor", run_gather)):  # fmt: skip
