@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -129,13 +130,16 @@ def main() -> None:
             torch.cuda.synchronize()
 
             # Host cost of one call (wrapper, dispatcher, checks, launch), GPU not waited on.
-            import time
 
             a0, kw0, out0 = sets[0]
             raw = torch.ops.peagle.prepare_draft_inputs.default
             full = [*a0, kw0["target_hidden_states"], kw0["mask_hidden"], K, VOCAB - 1, 0, True,
                     16, 10**6, VOCAB, *out0]  # fmt: skip
-            for label, call in (("wrapper", lambda: run_peagle(0)), ("raw_op", lambda: raw(*full))):
+            calls = {
+                "wrapper": lambda f=run_peagle: f(0),
+                "raw_op": lambda raw=raw, full=full: raw(*full),
+            }
+            for label, call in calls.items():
                 for _ in range(50):
                     call()
                 torch.cuda.synchronize()
