@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from multiop_prep import MultiOpPrep  # noqa: E402
-from peagle import ops  # noqa: E402
 from prep_inputs import make_batch  # noqa: E402
 from timing import (  # noqa: E402
     Results,
@@ -34,6 +33,8 @@ from timing import (  # noqa: E402
     l2_rotation_sets,
     print_table,
 )
+
+from peagle import ops  # noqa: E402
 
 K = 7
 VOCAB = 201088

@@ -3,13 +3,14 @@ pure-PyTorch reference (tests/reference/prepare_draft_inputs.py), on CPU and CUD
 
 from __future__ import annotations
 
-import peagle
 import pytest
 import torch
 from conftest import HAS_CUDA, poison_, requires_cuda
-from peagle import ops
 from prep_inputs import make_batch
 from reference.prepare_draft_inputs import next_token_ids_ref, prepare_draft_inputs_ref
+
+import peagle
+from peagle import ops
 
 MASK = 999  # mask token id used by the golden examples (vLLM's test uses -2; ids here are valid)
 ROW_FIELDS = ("input_ids", "positions", "is_rejected", "is_masked", "slot_mapping")
