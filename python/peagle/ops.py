@@ -247,17 +247,24 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write new K/V rows into the paged cache (SPEC §5).
+    """Write new K/V rows into the paged cache (SPEC §5), in place, before attention.
 
     Args:
-        key, value: ``[T, Hkv, D]`` new rows (same dtype as the caches).
-        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]`` (strided views allowed, e.g.
-            the halves of a ``[2, num_blocks, ...]`` cache); written in place.
+        key, value: ``[T, Hkv, D]`` new rows, bf16/fp16/fp32 (same dtype as the caches); strided
+            views allowed (e.g. slices of a fused qkv output) with unit stride in ``D``.
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``; strided views allowed
+            (e.g. the halves of a ``[2, num_blocks, ...]`` cache), unit stride in ``D``; never
+            copied, written in place.
         slot_mapping: ``[T]`` int64; row ``t`` goes to block ``s // block_size``, offset
-            ``s % block_size``; ``PADDING_SLOT_ID`` (-1) rows write nothing.
+            ``s % block_size``; ``PADDING_SLOT_ID`` (-1) rows write nothing. Rows sharing a slot
+            race (which one lands is unspecified).
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch; a slot outside the cache (CPU).
+        RuntimeError: shape/dtype/device mismatch or a non-unit stride in ``D`` (naming the
+            argument). CPU: a slot that is neither -1 nor in ``[0, num_blocks * block_size)``
+            (nothing is written then). CUDA cannot raise on values without a host sync: such rows
+            are skipped, never written out of bounds (``PEAGLE_DEBUG_CHECKS=1`` runs the CPU
+            checks first).
     """
     args = [key, value, key_cache, value_cache, slot_mapping]
     _debug_check_on_cpu(_ops.write_kv_cache.default, args)
@@ -284,32 +291,60 @@ def paged_attention(
     """Causal attention of ragged query rows over a paged KV cache (SPEC §5).
 
     Request ``r`` owns query rows ``[qsl[r], qsl[r+1])``; with ``qlen`` rows and ``kv_len =
-    seq_lens[r]`` keys (this step's rows included), row ``i`` sees keys
-    ``kv_len - qlen + i - window_left <= k <= kv_len - qlen + i`` (bottom-right aligned causal
-    mask; no lower bound when ``window_left < 0``). Query head ``h`` reads KV head
-    ``h // (Hq // Hkv)`` (GQA). Scores, softmax and the weighted sum run in fp32.
+    seq_lens[r]`` keys (this step's rows included, already written by :func:`write_kv_cache`),
+    row ``i`` sees keys ``max(0, kv_len - qlen + i - window_left) <= k <= kv_len - qlen + i``
+    (bottom-right aligned causal mask; no lower bound when ``window_left < 0``). Query head ``h``
+    reads KV head ``h // (Hq // Hkv)`` (GQA). Scores ``softmax_scale * q.k``, the softmax and the
+    weighted sum of V run in fp32; the output is rounded to the input dtype. All rows and heads of
+    a request share one pass over its KV pages.
 
     Args:
-        query: ``[T, Hq, D]`` bf16/fp16 (after RoPE).
+        query: ``[T, Hq, D]`` bf16/fp16 (fp32 accepted on CPU only), after RoPE; strided views
+            allowed with unit stride in ``D``.
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype; strided views
-            allowed (unit stride in D).
-        block_table: ``[B, max_blocks]`` int32; never read past ``ceil(kv_len / block_size)``
-            columns nor for requests with ``kv_len == 0``.
-        query_start_loc: ``[B+1]`` int32; seq_lens: ``[B]`` int32.
+            allowed (e.g. the halves of a ``[2, num_blocks, ...]`` cache), unit stride in ``D``,
+            never copied. ``block_size`` a power of two (CUDA: >= 8).
+        block_table: ``[B, max_blocks]`` int32 physical block per logical block. Only columns
+            ``< ceil(kv_len / block_size)`` of requests with ``qlen > 0`` and ``kv_len > 0`` are
+            read (with a window, only those from the first row's window start); the rest may
+            hold anything (e.g. -1).
+        query_start_loc: ``[B+1]`` int32 non-decreasing row offsets; ``seq_lens``: ``[B]`` int32.
+            A request with ``qlen == 0`` is a padding request: it reads nothing.
         softmax_scale: default ``1/sqrt(D)``.
-        max_query_len: upper bound on query rows per request (a launch-size hint; -1 = T).
-            Results never depend on it.
+        max_query_len: upper bound on query rows per request; a launch-size hint for the CUDA
+            kernel (-1 = T, which over-provisions CTAs for decode batches: pass the real bound,
+            e.g. ``2K``). Results never depend on it beyond fp32 rounding (bitwise with a fixed
+            ``num_splits``); a request with more rows is still computed in full.
         window_left: sliding-window size to the left (GPT-OSS); -1 = full attention.
-        sinks: optional ``[Hq]`` fp32 per-head sink logits added to the softmax denominator.
-        num_splits: split-KV count; 0 = chosen on the device, > 0 = fixed (bit-reproducible).
-        return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log, scaled scores).
-        out, lse: preallocated outputs.
+        sinks: optional ``[Hq]`` fp32 per-head sink logits (not scaled): one more term
+            ``exp(sinks[h])`` in the softmax denominator that carries no value.
+        num_splits: CUDA split-KV count per (request, KV head, query tile); 0 = chosen on the
+            device from ``seq_lens`` (capped from host-known sizes; CUDA-graph safe), ``> 0`` =
+            that many (clamped to the request's 64-key tiles), which makes a request's result
+            independent of the rest of the batch. Any mode is bit-reproducible run to run. Ignored
+            on CPU. At most 256.
+        return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log of the scaled scores,
+            sink included).
+        out, lse: preallocated outputs (``out`` may be a strided view with unit stride in ``D``;
+            ``lse`` needs unit stride in ``Hq``), fully overwritten.
 
     Returns:
-        ``out [T, Hq, D]`` (and ``lse``). Rows that see no key give 0 and ``lse = -inf``.
+        ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
+        ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
+        at once.
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch, ``Hq % Hkv != 0``, unsupported head_dim.
+        RuntimeError: shape/dtype/device mismatch (naming the argument), ``Hq % Hkv != 0``, a
+            block size that is not a power of two, a non-unit stride in ``D``; on CUDA a head_dim
+            other than 64/128, fp32, or block_size < 8. CPU value checks: ``query_start_loc``
+            decreasing or past T, negative ``seq_lens``, a request needing more block-table
+            columns than ``max_blocks`` (EDGE_CASES B1; exactly at capacity is fine), a negative or
+            out-of-range block id in a needed column. CUDA cannot raise on values without a host
+            sync: keys past the table's capacity are invisible there, and bad block ids are read
+            as zeros (no out-of-bounds access; results unspecified). ``PEAGLE_DEBUG_CHECKS=1``
+            runs the CPU checks first.
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(query.shape[-1])

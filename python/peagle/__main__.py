@@ -1,0 +1,5 @@
+"""`python -m peagle ...` is the same as the `peagle` command."""
+
+from peagle.cli import main
+
+main()
