@@ -158,6 +158,41 @@ def vllm_multiop(s: dict, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
+def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays: int) -> None:
+    logit_bytes = b * (K + 1) * v * 2
+    n_sets = l2_rotation_sets(logit_bytes)
+    sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
+    name = f"B={b},K={K},V={v},{mode}"
+    peagle = Peagle(b)
+    greedy = temp == 0.0
+    # Correctness before timing.
+    got = peagle(sets[0])
+    want_out, want_acc = vllm_multiop(sets[0], greedy)
+    torch.cuda.synchronize()
+    valid = (got.output_token_ids >= 0) & (got.output_token_ids < v)
+    emitted = torch.arange(K + 1, device="cuda").unsqueeze(0) <= got.num_accepted.unsqueeze(1)
+    assert bool((valid == emitted).all()), f"{name}: peagle output not well formed"
+    if greedy:
+        assert torch.equal(got.output_token_ids, want_out), f"{name}: greedy outputs differ"
+        assert torch.equal(got.num_accepted, want_acc)
+    calls = 10 if b * v < 64 * 151936 else 5
+    t_peagle = bench_graph(lambda i: peagle(sets[i % n_sets]), calls, replays)
+    t_peagle_eager = bench_eager(lambda i: peagle(sets[i % n_sets]), iters=replays)
+    t_vllm = bench_graph(lambda i: vllm_multiop(sets[i % n_sets], greedy), min(calls, 4), replays)
+    for impl, t in (("peagle", t_peagle), ("vllm-multiop", t_vllm)):
+        gbps = logit_bytes / (t * 1e-6) / 1e9
+        res.add(
+            name, impl, t, gbps, pct_of_copy=round(100 * gbps / res.copy_ceiling_gbps, 1),
+            mode="graph", input_sets=n_sets,
+        )  # fmt: skip
+    res.add(name, "peagle", t_peagle_eager, None, mode="eager")
+    print(
+        f"{name:40s} peagle {t_peagle:8.1f} us ({logit_bytes / t_peagle / 1e3:6.0f} GB/s)  "
+        f"eager {t_peagle_eager:8.1f} us   vllm-multiop {t_vllm:8.1f} us   "
+        f"x{t_vllm / t_peagle:.1f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="write JSON results here")
@@ -178,41 +213,7 @@ def main() -> None:
     cases.append((64 if not args.quick else 8, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)))
 
     for b, v, mode, temp, top in cases:
-        logit_bytes = b * (K + 1) * v * 2
-        n_sets = l2_rotation_sets(logit_bytes)
-        sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
-        name = f"B={b},K={K},V={v},{mode}"
-        peagle = Peagle(b)
-        greedy = temp == 0.0
-        # Correctness before timing.
-        got = peagle(sets[0])
-        want_out, want_acc = vllm_multiop(sets[0], greedy)
-        torch.cuda.synchronize()
-        valid = (got.output_token_ids >= 0) & (got.output_token_ids < v)
-        emitted = torch.arange(K + 1, device="cuda").unsqueeze(0) <= got.num_accepted.unsqueeze(1)
-        assert bool((valid == emitted).all()), f"{name}: peagle output not well formed"
-        if greedy:
-            assert torch.equal(got.output_token_ids, want_out), f"{name}: greedy outputs differ"
-            assert torch.equal(got.num_accepted, want_acc)
-        calls = 10 if b * v < 64 * 151936 else 5
-        t_peagle = bench_graph(lambda i: peagle(sets[i % n_sets]), calls, args.replays)
-        t_peagle_eager = bench_eager(lambda i: peagle(sets[i % n_sets]), iters=args.replays)
-        t_vllm = bench_graph(
-            lambda i: vllm_multiop(sets[i % n_sets], greedy), min(calls, 4), args.replays
-        )
-        for impl, t in (("peagle", t_peagle), ("vllm-multiop", t_vllm)):
-            gbps = logit_bytes / (t * 1e-6) / 1e9
-            res.add(
-                name, impl, t, gbps, pct_of_copy=round(100 * gbps / ceiling, 1), mode="graph",
-                input_sets=n_sets,
-            )  # fmt: skip
-        res.add(name, "peagle", t_peagle_eager, None, mode="eager")
-        print(
-            f"{name:40s} peagle {t_peagle:8.1f} us ({logit_bytes / t_peagle / 1e3:6.0f} GB/s)  "
-            f"eager {t_peagle_eager:8.1f} us   vllm-multiop {t_vllm:8.1f} us   "
-            f"x{t_vllm / t_peagle:.1f}"
-        )
-        del sets
+        run_case(res, b, v, mode, temp, top, args.replays)
         torch.cuda.empty_cache()
 
     print()
