@@ -48,7 +48,31 @@ def prepare_draft_inputs_cases() -> None:
     assert nxt[0].shape == (40,)
 
 
-CASES = {"prepare_draft_inputs": prepare_draft_inputs_cases}
+def verify_chain_cases() -> None:
+    from test_verify_chain import check_invariants, make_case, run_op
+
+    g = torch.Generator().manual_seed(6)
+    cases = [
+        dict(counts=[0], vocab=1, temps=0.0),
+        dict(counts=[3, 0, 7, 1], vocab=111, temps=[0.0, 1.0, 0.7, 0.0], dtype=torch.float16),
+        dict(
+            counts=[7] * 8, vocab=32001, temps=0.8, dtype=torch.bfloat16,
+            top_k=[0, 5, 50, 0] * 2, top_p=[1.0, 0.9, 0.5, 0.3] * 2,
+        ),  # fmt: skip
+        dict(counts=[2, 5], vocab=4097, temps=1.0, draft_probs=True),
+        dict(counts=[7] * 3, vocab=201088, temps=[0.0, 0.7, 1.2], dtype=torch.bfloat16),
+    ]
+    for c in cases:
+        kw = dict(c)
+        case = make_case(kw.pop("counts"), kw.pop("vocab"), g, **kw)
+        gpu = run_op(case, "cuda")
+        check_invariants(gpu, case)
+        cpu = run_op(case, "cpu")
+        same = (gpu.output_token_ids == cpu.output_token_ids).all(dim=1)
+        assert int((~same).sum()) <= 1, (c, gpu.output_token_ids, cpu.output_token_ids)
+
+
+CASES = {"prepare_draft_inputs": prepare_draft_inputs_cases, "verify_chain": verify_chain_cases}
 
 
 def main() -> None:
