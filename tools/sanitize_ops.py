@@ -56,8 +56,12 @@ def verify_chain_cases() -> None:
         dict(counts=[0], vocab=1, temps=0.0),
         dict(counts=[3, 0, 7, 1], vocab=111, temps=[0.0, 1.0, 0.7, 0.0], dtype=torch.float16),
         dict(
-            counts=[7] * 8, vocab=32001, temps=0.8, dtype=torch.bfloat16,
-            top_k=[0, 5, 50, 0] * 2, top_p=[1.0, 0.9, 0.5, 0.3] * 2,
+            counts=[7] * 8,
+            vocab=32001,
+            temps=0.8,
+            dtype=torch.bfloat16,
+            top_k=[0, 5, 50, 0] * 2,
+            top_p=[1.0, 0.9, 0.5, 0.3] * 2,
         ),  # fmt: skip
         dict(counts=[2, 5], vocab=4097, temps=1.0, draft_probs=True),
         dict(counts=[7] * 3, vocab=201088, temps=[0.0, 0.7, 1.2], dtype=torch.bfloat16),
