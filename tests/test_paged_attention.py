@@ -430,7 +430,7 @@ def test_bad_inputs(device, gen):
             {"query": pb.query[..., :32]},
             "head_dim" if device == "cuda" else "key_cache must have shape",
         ),
-        ({"query": pb.query.transpose(1, 2)}, "unit stride"),
+        ({"query": pb.query.transpose(1, 2)}, "unit stride|head_dim"),
         ({"query": pb.query.int()}, "dtype"),
         ({"key_cache": pb.key_cache[:, :6]}, "power of two"),
         ({"value_cache": pb.value_cache[..., :32]}, "value_cache must have shape"),
@@ -489,6 +489,11 @@ def test_cuda_rejects_unsupported_shapes(gen):
     pb = make_problem(gen, [3], [10], 4, 2, 64, 16, torch.float32, "cuda")
     with pytest.raises(RuntimeError, match="bfloat16 or float16"):
         _call(_args(pb))
+    # cp.async needs 16-byte aligned rows: a query view starting at an odd element is refused.
+    pb = make_problem(gen, [3], [10], 4, 2, 64, 16, torch.bfloat16, "cuda")
+    wide = torch.zeros(3, 4, 72, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        _call({**_args(pb), "query": wide[..., 1:65]})
 
 
 # ---------------------------------------------------------------------------------------------
