@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import peagle
 import pytest
 import torch
 from conftest import poison_, requires_cuda
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
+
+import peagle
 
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 
