@@ -6,8 +6,10 @@ It mirrors the kernel line by line: the grid (request, KV head x query-tile CTA,
 time, so a stage overwritten before it is consumed corrupts the result), the XOR-swizzled shared
 memory, ldmatrix (.x4, .trans) and mma.sync.m16n8k16 fragment layouts as the PTX ISA defines
 them, the exp2-domain online softmax, the epilogue (direct or fp32 partials) and the merge
-kernel. bf16 rounding of P and of the output is modelled with torch. Slow (pure Python loops
-over warps and tiles): use small problems.
+kernel. bf16 rounding of P and of the output is modelled with torch. Each m16 tile of the packed
+query tile is emulated as its own warp (the kernel's warp w owns m16 tiles w*kMT .. w*kMT+kMT-1 and
+shares each K/V fragment between them, which changes no value). Slow (pure Python loops over warps
+and tiles): use small problems.
 
     python tools/emulate_paged_attention.py          # random cases vs tests/reference
 """

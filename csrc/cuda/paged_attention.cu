@@ -173,16 +173,21 @@ __device__ __forceinline__ int32_t split_count(int32_t ntk, int32_t max_splits, 
 
 template <int D, int kBlockM>
 struct AttnCfg {
-  static constexpr int kWarps = kBlockM / 16;
+  // Warps and m16 tiles per warp: one m16 tile per warp, except head_dim 64 with 128-row tiles,
+  // where 4 warps x 2 m16 tiles reuse every K/V fragment loaded from shared memory twice (8
+  // warps x 1 would read each K/V tile from shared memory 8 times: as many bytes/clk as HBM).
+  static constexpr int kWarps = (D == 64 && kBlockM == 128) ? 4 : kBlockM / 16;
+  static constexpr int kMT = kBlockM / (16 * kWarps);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kRowBytes = D * 2;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKvTileBytes = kBlockN * kRowBytes;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes;
-  // 2 CTAs per SM where shared memory allows it (register cap 255 at 128 threads, 128 at 256).
+  // 2 CTAs per SM where shared memory allows it (register cap 255 at 128 threads).
   static constexpr int kMinBlocks = (kBlockM == 128 && D == 128) ? 1 : 2;
   static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(kMT * 16 * kWarps == kBlockM, "");
   static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "");
   // K/V copies step by a multiple of 8 rows, so a thread's swizzle phase (row & 7) is fixed.
   static_assert((kThreads / kChunks) % 8 == 0, "");
@@ -226,6 +231,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
   using Cfg = AttnCfg<D, kBlockM>;
   using Mma = MmaOp<T>;
   constexpr int kChunks = Cfg::kChunks;
+  constexpr int kMT = Cfg::kMT;
   extern __shared__ __align__(128) uint8_t smem[];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -325,35 +331,49 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
       cp_async_commit();
     }
 
-    // This thread's two rows (m16 accumulator rows lane/4 and lane/4 + 8 of its warp's slice):
-    // visible key bounds for the mask; rows past the tile are masked everywhere (never written).
-    int32_t row_lo[2], row_hi[2];
+    // Warp w owns m16 tiles w*kMT .. w*kMT + kMT - 1 of the packed tile; this thread owns rows
+    // lane/4 and lane/4 + 8 of each (its accumulator rows). Per row: visible key bounds for the
+    // mask; rows past the tile are masked everywhere and never written.
+    int32_t row_lo[kMT][2], row_hi[kMT][2];
+    bool mt_active[kMT];  // warp-uniform: m16 tiles with no valid row skip their MMAs
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int32_t pp = p0 + warp * 16 + (lane >> 2) + half * 8;
-      const int32_t i = pp / group;
-      row_hi[half] = pp < p1 ? min(a.kv_len - a.q_len + i, cap - 1) : -1;
-      row_lo[half] = static_cast<int32_t>(attn_row_key_lo(a.kv_len, a.q_len, i, p.window_left));
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int32_t m0 = p0 + (warp * kMT + mt) * 16;
+      mt_active[mt] = m0 < p1;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int32_t pp = m0 + (lane >> 2) + half * 8;
+        const int32_t i = pp / group;
+        row_hi[mt][half] = pp < p1 ? min(a.kv_len - a.q_len + i, cap - 1) : -1;
+        row_lo[mt][half] =
+            static_cast<int32_t>(attn_row_key_lo(a.kv_len, a.q_len, i, p.window_left));
+      }
     }
-    const bool warp_active = p0 + warp * 16 < p1;  // warps whose 16 rows are all padding skip MMAs
+    const bool warp_active = mt_active[0];  // tiles fill in order: warp idle iff its first is
 
-    float o[D / 8][4];
+    float o[kMT][D / 8][4];
+    float row_m[kMT][2], row_l[kMT][2];
 #pragma unroll
-    for (int c = 0; c < D / 8; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.f;
-    float row_m[2] = {kNegInf, kNegInf};
-    float row_l[2] = {0.f, 0.f};
-    uint32_t qa[D / 16][4];
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c) o[mt][c][0] = o[mt][c][1] = o[mt][c][2] = o[mt][c][3] = 0.f;
+      row_m[mt][0] = row_m[mt][1] = kNegInf;
+      row_l[mt][0] = row_l[mt][1] = 0.f;
+    }
+    uint32_t qa[kMT][D / 16][4];
 
     cp_async_wait<kStages - 2>();  // Q (and the first K/V tile) landed
     __syncthreads();
     // Every shared-memory row this thread addresses in an ldmatrix has row & 7 == lane & 7, so the
     // swizzled address is a per-thread row offset plus ((chunk ^ sw) << 4).
     const int sw = lane & 7;
-    if (warp_active) {
-      const uint32_t q_row = s_q + (warp * 16 + (lane & 15)) * Cfg::kRowBytes;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if (!mt_active[mt]) continue;
+      const uint32_t q_row = s_q + ((warp * kMT + mt) * 16 + (lane & 15)) * Cfg::kRowBytes;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        ldmatrix_x4(q_row + (((kk * 2 + (lane >> 4)) ^ sw) << 4), qa[kk]);
+        ldmatrix_x4(q_row + (((kk * 2 + (lane >> 4)) ^ sw) << 4), qa[mt][kk]);
       }
     }
     const uint32_t k_row = (((lane >> 4) << 3) + (lane & 7)) * Cfg::kRowBytes;
@@ -374,81 +394,103 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
       const uint32_t sv = s_v + stage * Cfg::kKvTileBytes;
       const int32_t key0 = (kt_begin + it) * kBlockN;
 
-      // S = Q K^T for this warp's 16 rows x 64 keys.
-      float s[kBlockN / 8][4];
+      // S = Q K^T for this warp's kMT x 16 rows x 64 keys; each K fragment serves every m16 tile.
+      float s[kMT][kBlockN / 8][4];
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+          s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+      }
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; j += 2) {
           uint32_t b[4];
           ldmatrix_x4(sk + k_row + j * 8 * Cfg::kRowBytes + (((kk * 2 + k_chunk_hi) ^ sw) << 4), b);
-          Mma::run(s[j], qa[kk], b[0], b[1]);
-          Mma::run(s[j + 1], qa[kk], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            if (!mt_active[mt]) continue;
+            Mma::run(s[mt][j], qa[mt][kk], b[0], b[1]);
+            Mma::run(s[mt][j + 1], qa[mt][kk], b[2], b[3]);
+          }
         }
       }
 
       // Scale into the exp2 domain and mask (only tiles crossing a row's causal/window edge).
       const bool need_mask = key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = s[j][e] * scale_log2;
-          if (need_mask) {
-            const int32_t key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1);
-            const int half = e >> 1;
-            if (key < row_lo[half] || key > row_hi[half]) v = kNegInf;
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = s[mt][j][e] * scale_log2;
+            if (need_mask) {
+              const int32_t key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1);
+              const int half = e >> 1;
+              if (key < row_lo[mt][half] || key > row_hi[mt][half]) v = kNegInf;
+            }
+            s[mt][j][e] = v;
           }
-          s[j][e] = v;
         }
       }
 
       // Online softmax (fp32): running max m, running (thread-partial) sum l, rescaled O.
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float mx = kNegInf;
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          mx = fmaxf(mx, fmaxf(s[j][2 * half], s[j][2 * half + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_m[half], mx);
-        const float m_use = m_new == kNegInf ? 0.f : m_new;
-        const float alpha = fast_exp2(row_m[half] - m_use);
-        row_m[half] = m_new;
-        float sum = 0.f;
+        for (int half = 0; half < 2; ++half) {
+          float mx = kNegInf;
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-          s[j][2 * half] = fast_exp2(s[j][2 * half] - m_use);
-          s[j][2 * half + 1] = fast_exp2(s[j][2 * half + 1] - m_use);
-          sum += s[j][2 * half] + s[j][2 * half + 1];
-        }
-        row_l[half] = row_l[half] * alpha + sum;
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            mx = fmaxf(mx, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(row_m[mt][half], mx);
+          const float m_use = m_new == kNegInf ? 0.f : m_new;
+          const float alpha = fast_exp2(row_m[mt][half] - m_use);
+          row_m[mt][half] = m_new;
+          float sum = 0.f;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-          o[c][2 * half] *= alpha;
-          o[c][2 * half + 1] *= alpha;
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            s[mt][j][2 * half] = fast_exp2(s[mt][j][2 * half] - m_use);
+            s[mt][j][2 * half + 1] = fast_exp2(s[mt][j][2 * half + 1] - m_use);
+            sum += s[mt][j][2 * half] + s[mt][j][2 * half + 1];
+          }
+          row_l[mt][half] = row_l[mt][half] * alpha + sum;
+#pragma unroll
+          for (int c = 0; c < D / 8; ++c) {
+            o[mt][c][2 * half] *= alpha;
+            o[mt][c][2 * half + 1] *= alpha;
+          }
         }
       }
 
-      // O += P V: P (bf16/fp16) comes straight from the S accumulators' register layout.
+      // O += P V: P (bf16/fp16) comes straight from the S accumulators' register layout; each V
+      // fragment serves every m16 tile.
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int c = 0; c < D / 8; c += 2) {
           uint32_t b[4];
           ldmatrix_x4_trans(sv + v_row + kk * 16 * Cfg::kRowBytes + (((c + v_chunk_hi) ^ sw) << 4),
                             b);
-          Mma::run(o[c], pa, b[0], b[1]);
-          Mma::run(o[c + 1], pa, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            if (!mt_active[mt]) continue;
+            Mma::run(o[mt][c], pa[mt], b[0], b[1]);
+            Mma::run(o[mt][c + 1], pa[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -456,50 +498,53 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
     // Epilogue: quad-reduce l, then write out/lse (single split) or the fp32 partials.
     if (!warp_active) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float l = row_l[half];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int32_t pp = p0 + warp * 16 + (lane >> 2) + half * 8;
-      if (pp >= p1) continue;
-      const int64_t t = a.q_start + pp / group;
-      const int32_t h = g * group + pp % group;
-      const float m = row_m[half];  // log2 domain; -inf iff l == 0
-      const int dcol = (lane & 3) << 1;
-      if (n_split == 1) {
-        float o_scale = 0.f, lse = kNegInf;
-        if (p.sinks != nullptr) {
-          const float sink = p.sinks[h] * kLog2e;
-          if (l > 0.f) {
-            const float mm = fmaxf(m, sink);
-            const float w = fast_exp2(m - mm);
-            const float l_tot = l * w + fast_exp2(sink - mm);
-            o_scale = w / l_tot;
-            lse = (mm + __log2f(l_tot)) * kLn2;
-          } else {
-            lse = p.sinks[h];
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float l = row_l[mt][half];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int32_t pp = p0 + (warp * kMT + mt) * 16 + (lane >> 2) + half * 8;
+        if (pp >= p1) continue;
+        const int64_t t = a.q_start + pp / group;
+        const int32_t h = g * group + pp % group;
+        const float m = row_m[mt][half];  // log2 domain; -inf iff l == 0
+        const int dcol = (lane & 3) << 1;
+        if (n_split == 1) {
+          float o_scale = 0.f, lse = kNegInf;
+          if (p.sinks != nullptr) {
+            const float sink = p.sinks[h] * kLog2e;
+            if (l > 0.f) {
+              const float mm = fmaxf(m, sink);
+              const float w = fast_exp2(m - mm);
+              const float l_tot = l * w + fast_exp2(sink - mm);
+              o_scale = w / l_tot;
+              lse = (mm + __log2f(l_tot)) * kLn2;
+            } else {
+              lse = p.sinks[h];
+            }
+          } else if (l > 0.f) {
+            o_scale = 1.f / l;
+            lse = (m + __log2f(l)) * kLn2;
           }
-        } else if (l > 0.f) {
-          o_scale = 1.f / l;
-          lse = (m + __log2f(l)) * kLn2;
-        }
-        T* dst = static_cast<T*>(p.out) + t * p.o_stride_t + h * p.o_stride_h + dcol;
+          T* dst = static_cast<T*>(p.out) + t * p.o_stride_t + h * p.o_stride_h + dcol;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-          *reinterpret_cast<uint32_t*>(dst + c * 8) =
-              Mma::pack(o[c][2 * half] * o_scale, o[c][2 * half + 1] * o_scale);
-        }
-        if (p.lse != nullptr && (lane & 3) == 0) p.lse[t * p.lse_stride_t + h] = lse;
-      } else {
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int64_t row = (static_cast<int64_t>(split) * p.num_tokens + t) * p.num_q_heads + h;
-        float* dst = p.ws_out + row * D + dcol;
+          for (int c = 0; c < D / 8; ++c) {
+            *reinterpret_cast<uint32_t*>(dst + c * 8) =
+                Mma::pack(o[mt][c][2 * half] * o_scale, o[mt][c][2 * half + 1] * o_scale);
+          }
+          if (p.lse != nullptr && (lane & 3) == 0) p.lse[t * p.lse_stride_t + h] = lse;
+        } else {
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          const int64_t row = (static_cast<int64_t>(split) * p.num_tokens + t) * p.num_q_heads + h;
+          float* dst = p.ws_out + row * D + dcol;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-          *reinterpret_cast<float2*>(dst + c * 8) =
-              make_float2(o[c][2 * half] * inv, o[c][2 * half + 1] * inv);
+          for (int c = 0; c < D / 8; ++c) {
+            *reinterpret_cast<float2*>(dst + c * 8) =
+                make_float2(o[mt][c][2 * half] * inv, o[mt][c][2 * half + 1] * inv);
+          }
+          if ((lane & 3) == 0) p.ws_lse[row] = l > 0.f ? m + __log2f(l) : kNegInf;
         }
-        if ((lane & 3) == 0) p.ws_lse[row] = l > 0.f ? m + __log2f(l) : kNegInf;
       }
     }
   }
