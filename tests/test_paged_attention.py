@@ -188,6 +188,8 @@ SHAPES = [
     (32, 4, 64, 32, "plain"),
     (32, 8, 128, 16, "split2"),
     (64, 8, 64, 16, "padded"),
+    (64, 8, 128, 16, "plain"),  # CUDA: 128-row tiles of 8 warps
+    (32, 2, 64, 8, "split2"),  # GQA 16: a 14-row request spans two 128-row tiles
 ]
 
 

@@ -314,10 +314,12 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
         const int32_t blk = in_range ? __ldg(table + (key >> p.log2_block_size)) : -1;
         const bool ok = static_cast<uint32_t>(blk) < num_blocks;  // also rejects blk < 0
         const int32_t slot = key & (p.block_size - 1);
-        const int64_t koff =
-            ok ? static_cast<int64_t>(blk) * k_stride_block + slot * k_stride_slot : 0;
-        const int64_t voff =
-            ok ? static_cast<int64_t>(blk) * v_stride_block + slot * v_stride_slot : 0;
+        const int64_t koff = ok ? static_cast<int64_t>(blk) * k_stride_block +
+                                      static_cast<int64_t>(slot) * k_stride_slot
+                                : 0;
+        const int64_t voff = ok ? static_cast<int64_t>(blk) * v_stride_block +
+                                      static_cast<int64_t>(slot) * v_stride_slot
+                                : 0;
         const uint32_t dst =
             stage * Cfg::kKvTileBytes + kv_dst0 + j * kRowsPerPass * Cfg::kRowBytes;
         cp_async_16(s_k + dst, k_base + koff, ok);
