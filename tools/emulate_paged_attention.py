@@ -178,7 +178,8 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
         for g in range(hkv):
             for q_cta in range(q_tile_ctas):
                 for split in range(max_splits):
-                    for qt in range(q_cta, n_qtiles, q_tile_ctas):
+                    for q_iter in range(q_cta, n_qtiles, q_tile_ctas):
+                        qt = n_qtiles - 1 - q_iter  # heaviest tile first
                         p0 = qt * block_m
                         p1 = min(p0 + block_m, packed_total)
                         tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap)

@@ -274,7 +274,10 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
   const int32_t packed_total = a.q_len * group;
   const int32_t n_qtiles = (packed_total + kBlockM - 1) / kBlockM;
 
-  for (int32_t qt = q_cta; qt < n_qtiles; qt += q_tile_ctas) {
+  for (int32_t q_iter = q_cta; q_iter < n_qtiles; q_iter += q_tile_ctas) {
+    // Heaviest tile first: later rows see more keys under the causal mask (prefill), and the
+    // CTAs with the lowest indices are scheduled first.
+    const int32_t qt = n_qtiles - 1 - q_iter;
     const int32_t p0 = qt * kBlockM;
     const int32_t p1 = min(p0 + kBlockM, packed_total);
     const TileKeys tk = tile_keys(a, p0, p1, group, p.window_left, cap);
@@ -419,21 +422,27 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
         }
       }
 
-      // Scale into the exp2 domain and mask (only tiles crossing a row's causal/window edge).
+      // Scale into the exp2 domain, then mask (only tiles crossing a row's causal/window edge).
       const bool need_mask = key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float v = s[mt][j][e] * scale_log2;
-            if (need_mask) {
+          for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
+        }
+      }
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
               const int32_t key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1);
               const int half = e >> 1;
-              if (key < row_lo[mt][half] || key > row_hi[mt][half]) v = kNegInf;
+              if (key < row_lo[mt][half] || key > row_hi[mt][half]) s[mt][j][e] = kNegInf;
             }
-            s[mt][j][e] = v;
           }
         }
       }
