@@ -172,7 +172,7 @@ def check_outputs(c: Case, fns) -> dict:
 
 
 def time_impl(fn, n_sets, replays):
-    calls = max(10, min(n_sets, 64))
+    calls = max(4, min(n_sets, 64))  # one rotation through the input sets per replay
     try:
         return bench_graph(fn, calls_per_graph=calls, replays=replays), "graph"
     except Exception as e:  # noqa: BLE001  (not capturable: time eagerly)
