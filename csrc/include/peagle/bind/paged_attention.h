@@ -164,6 +164,8 @@ inline BoundPagedAttention bind_paged_attention(
                 "peagle: paged_attention on CUDA needs out 4-byte aligned with "
                 "even strides, got strides ",
                 c10::str(out.strides()));
+    TORCH_CHECK(hkv <= 65535,
+                "peagle: paged_attention on CUDA supports at most 65535 KV heads, got ", hkv);
     for (auto* c : {&key_cache, &value_cache}) {
       for (int64_t i = 0; i < 3; ++i) {
         TORCH_CHECK(c->stride(i) >= 0 && c->stride(i) <= INT32_MAX,
