@@ -15,10 +15,15 @@ build() {
   echo "build: $(( $(date +%s) - t0 )) s"
   python3 -c "import torch, peagle; print(torch.__version__, torch.cuda.get_device_name(0), torch._C._dispatch_dump('peagle::prepare_draft_inputs').count('CUDA'), 'CUDA kernels')"
 }
-run_tests() { python3 -m pytest -q -x --timeout=900 -p no:cacheprovider "${@:-tests}" 2>&1 | tee "$OUT/tests.log" | tail -25; }
+run_tests() {
+  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rfE --timeout=120 -p no:cacheprovider "${@:-tests}" \
+    > "$OUT/tests.log" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -30
+}
 sanitize() {
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 1 python3 tools/sanitize_ops.py "$@" > "$OUT/sanitize-$tool.log" 2>&1
+    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 \
+      python3 tools/sanitize_ops.py "$@" > "$OUT/sanitize-$tool.log" 2>&1
     echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
   done
 }
