@@ -247,17 +247,24 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write new K/V rows into the paged cache (SPEC §5).
+    """Write new K/V rows into the paged cache (SPEC §5), in place, before attention.
 
     Args:
-        key, value: ``[T, Hkv, D]`` new rows (same dtype as the caches).
-        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]`` (strided views allowed, e.g.
-            the halves of a ``[2, num_blocks, ...]`` cache); written in place.
+        key, value: ``[T, Hkv, D]`` new rows, bf16/fp16/fp32 (same dtype as the caches); strided
+            views allowed (e.g. slices of a fused qkv output) with unit stride in ``D``.
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``; strided views allowed
+            (e.g. the halves of a ``[2, num_blocks, ...]`` cache), unit stride in ``D``; never
+            copied, written in place.
         slot_mapping: ``[T]`` int64; row ``t`` goes to block ``s // block_size``, offset
-            ``s % block_size``; ``PADDING_SLOT_ID`` (-1) rows write nothing.
+            ``s % block_size``; ``PADDING_SLOT_ID`` (-1) rows write nothing. Rows sharing a slot
+            race (which one lands is unspecified).
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch; a slot outside the cache (CPU).
+        RuntimeError: shape/dtype/device mismatch or a non-unit stride in ``D`` (naming the
+            argument). CPU: a slot that is neither -1 nor in ``[0, num_blocks * block_size)``
+            (nothing is written then). CUDA cannot raise on values without a host sync: such rows
+            are skipped, never written out of bounds (``PEAGLE_DEBUG_CHECKS=1`` runs the CPU
+            checks first).
     """
     args = [key, value, key_cache, value_cache, slot_mapping]
     _debug_check_on_cpu(_ops.write_kv_cache.default, args)
@@ -284,32 +291,60 @@ def paged_attention(
     """Causal attention of ragged query rows over a paged KV cache (SPEC §5).
 
     Request ``r`` owns query rows ``[qsl[r], qsl[r+1])``; with ``qlen`` rows and ``kv_len =
-    seq_lens[r]`` keys (this step's rows included), row ``i`` sees keys
-    ``kv_len - qlen + i - window_left <= k <= kv_len - qlen + i`` (bottom-right aligned causal
-    mask; no lower bound when ``window_left < 0``). Query head ``h`` reads KV head
-    ``h // (Hq // Hkv)`` (GQA). Scores, softmax and the weighted sum run in fp32.
+    seq_lens[r]`` keys (this step's rows included, already written by :func:`write_kv_cache`),
+    row ``i`` sees keys ``max(0, kv_len - qlen + i - window_left) <= k <= kv_len - qlen + i``
+    (bottom-right aligned causal mask; no lower bound when ``window_left < 0``). Query head ``h``
+    reads KV head ``h // (Hq // Hkv)`` (GQA). Scores ``softmax_scale * q.k``, the softmax and the
+    weighted sum of V run in fp32; the output is rounded to the input dtype. All rows and heads of
+    a request share one pass over its KV pages.
 
     Args:
-        query: ``[T, Hq, D]`` bf16/fp16 (after RoPE).
+        query: ``[T, Hq, D]`` bf16/fp16 (fp32 accepted on CPU only), after RoPE; strided views
+            allowed with unit stride in ``D``.
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype; strided views
-            allowed (unit stride in D).
-        block_table: ``[B, max_blocks]`` int32; never read past ``ceil(kv_len / block_size)``
-            columns nor for requests with ``kv_len == 0``.
-        query_start_loc: ``[B+1]`` int32; seq_lens: ``[B]`` int32.
+            allowed (e.g. the halves of a ``[2, num_blocks, ...]`` cache), unit stride in ``D``,
+            never copied. ``block_size`` a power of two (CUDA: >= 8).
+        block_table: ``[B, max_blocks]`` int32 physical block per logical block. Only columns
+            ``< ceil(kv_len / block_size)`` of requests with ``qlen > 0`` and ``kv_len > 0`` are
+            read (with a window, only those from the first row's window start); the rest may
+            hold anything (e.g. -1).
+        query_start_loc: ``[B+1]`` int32 non-decreasing row offsets; ``seq_lens``: ``[B]`` int32.
+            A request with ``qlen == 0`` is a padding request: it reads nothing.
         softmax_scale: default ``1/sqrt(D)``.
-        max_query_len: upper bound on query rows per request (a launch-size hint; -1 = T).
-            Results never depend on it.
+        max_query_len: upper bound on query rows per request; a launch-size hint for the CUDA
+            kernel (-1 = T, which over-provisions CTAs for decode batches: pass the real bound,
+            e.g. ``2K``). Results never depend on it beyond fp32 rounding (bitwise with a fixed
+            ``num_splits``); a request with more rows is still computed in full.
         window_left: sliding-window size to the left (GPT-OSS); -1 = full attention.
-        sinks: optional ``[Hq]`` fp32 per-head sink logits added to the softmax denominator.
-        num_splits: split-KV count; 0 = chosen on the device, > 0 = fixed (bit-reproducible).
-        return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log, scaled scores).
-        out, lse: preallocated outputs.
+        sinks: optional ``[Hq]`` fp32 per-head sink logits (not scaled): one more term
+            ``exp(sinks[h])`` in the softmax denominator that carries no value.
+        num_splits: CUDA split-KV count per (request, KV head, query tile); 0 = chosen on the
+            device from ``seq_lens`` (capped from host-known sizes; CUDA-graph safe), ``> 0`` =
+            that many (clamped to the request's 64-key tiles), which makes a request's result
+            independent of the rest of the batch. Any mode is bit-reproducible run to run. Ignored
+            on CPU. At most 256.
+        return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log of the scaled scores,
+            sink included).
+        out, lse: preallocated outputs (``out`` may be a strided view with unit stride in ``D``;
+            ``lse`` needs unit stride in ``Hq``), fully overwritten.
 
     Returns:
-        ``out [T, Hq, D]`` (and ``lse``). Rows that see no key give 0 and ``lse = -inf``.
+        ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
+        ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
+        at once.
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch, ``Hq % Hkv != 0``, unsupported head_dim.
+        RuntimeError: shape/dtype/device mismatch (naming the argument), ``Hq % Hkv != 0``, a
+            block size that is not a power of two, a non-unit stride in ``D``; on CUDA a head_dim
+            other than 64/128, fp32, or block_size < 8. CPU value checks: ``query_start_loc``
+            decreasing or past T, negative ``seq_lens``, a request needing more block-table
+            columns than ``max_blocks`` (EDGE_CASES B1; exactly at capacity is fine), a negative or
+            out-of-range block id in a needed column. CUDA cannot raise on values without a host
+            sync: keys past the table's capacity are invisible there, and bad block ids are read
+            as zeros (no out-of-bounds access; results unspecified). ``PEAGLE_DEBUG_CHECKS=1``
+            runs the CPU checks first.
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(query.shape[-1])
@@ -357,38 +392,69 @@ def verify_chain(
 ) -> VerifyOutput:
     """Tree-free (chain) speculative verification straight from target logits (SPEC §6).
 
-    Request ``r`` owns ``n_r + 1`` consecutive logits rows: its ``n_r`` draft positions, then
-    its bonus row. Greedy requests (``temperature == 0``) accept a draft iff it equals the
-    first-index argmax. Random requests accept draft ``x`` iff ``u <= p(x) / q(x)`` with
-    ``p = softmax(logits / T)`` after top-k/top-p, ``q`` = ``draft_probs`` (one-hot when None),
-    ``u`` uniform in [0, 1) (float64); a token with ``p(x) = 0`` is never accepted. At the first
-    rejection the op emits a recovered token ~ ``normalize(max(p - q, 0))``; if every draft is
-    accepted it emits a bonus token ~ ``p`` of the bonus row (argmax for greedy rows).
+    Layout: request ``r`` has ``n_r = cu[r] - cu[r-1]`` drafts (``cu[-1] = 0``) and owns the
+    ``n_r + 1`` consecutive logits rows ``[cu[r-1] + r, cu[r] + r]``: its draft rows, then its
+    bonus row.
 
-    Randomness: Philox4x32-10 keyed by ``seeds[r]`` with counter ``(offsets[r], index,
-    stream)``; a request's draws depend only on its own seed, offset and rows. The op never
-    modifies ``seeds``/``offsets``; advance ``offsets`` by 1 per step (each step uses counter
-    words below 2^32 in the other fields). Requests with 0 drafts use no acceptance draws.
+    Greedy requests (``temperature == 0``) accept draft ``j`` iff it equals the first-index argmax
+    of row ``j``'s logits; the first mismatch emits that argmax; if all are accepted the bonus
+    row's argmax is emitted. They are never divided by the temperature; top-k/top-p do not apply.
+
+    Random requests use scores ``s = logit * (1.0f / T)`` (float32; NaN counts as -inf).
+    Top-k (``k = top_k[r]``, off if 0 or >= V) keeps ``s >= `` the k-th largest score (ties at the
+    threshold kept, as vLLM); then top-p (``top_p[r]``, off if 1) keeps ``v`` iff the kept
+    probability mass of tokens with a strictly greater score is ``< top_p`` (vLLM's rule for
+    distinct values; the maximum is always kept). ``p = softmax`` over the kept tokens (others
+    and -inf logits exactly 0). Draft ``x`` is accepted iff ``0 <= x < V``, ``p(x) > 0``,
+    ``q(x) > 0`` and ``u <= p(x) / q(x)`` (float64), with ``q = draft_probs[row]`` (``q == 1``
+    when ``draft_probs`` is None, i.e. argmax drafting). At the first rejection only, the
+    recovered token is drawn from ``normalize(max(p - q, 0))`` (``p`` with ``x`` removed when
+    ``draft_probs`` is None) by Gumbel-max; if every draft is accepted, the bonus token is drawn
+    from ``p`` of the bonus row. Ties go to the lowest index, an empty residual falls back to
+    the argmax of ``p``, and every emitted id is in ``[0, V)``.
+
+    Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
+    counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
+    position ``j`` in the request, ``u = ((w0 >> 5) * 2^26 + (w1 >> 6)) / 2^53``. Stream 1
+    (recovered) and 2 (bonus): vocabulary entry ``v`` uses word ``v % 4`` of index ``v // 4``,
+    ``f = ((w >> 9) + 0.5) * 2^-23`` in (0, 1) and Gumbel noise ``-log(-log(f))`` (float32,
+    precise ``logf``). A request's draws depend only on its own seed, offset and draft count;
+    requests with 0 drafts use no acceptance draws. The op never modifies ``seeds`` /
+    ``offsets``: **advance each request's offset by 1 per step** (never reuse a (seed, offset)
+    pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms`` to inject the
+    acceptance draws.
+
+    CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
+    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows).
 
     Args:
-        target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; the row stride may exceed V.
-        draft_token_ids: ``[T]`` int32 drafts, request by request.
+        target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row
+            stride may exceed V.
+        draft_token_ids: ``[T]`` int32 drafts, request by request (ids outside ``[0, V)`` are
+            rejected without being used as an index).
         cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of draft counts (0 drafts allowed).
         temperature: ``[B]`` fp32; 0 = greedy.
         seeds, offsets: ``[B]`` int64 Philox seed and counter offset per request.
-        top_k: ``[B]`` int32 (0 or >= V = off); top_p: ``[B]`` fp32 (1 = off).
-        draft_probs: ``[T, V]`` fp32 probabilities the drafts were sampled from (None = argmax).
+        top_k: ``[B]`` int32 (0 or >= V = off); top_p: ``[B]`` fp32 in (0, 1] (1 = off).
+        draft_probs: ``[T, V]`` fp32 probabilities the drafts were sampled from (None = argmax
+            drafts); unit stride along V.
         uniforms: ``[T]`` float64 acceptance draws overriding Philox (tests, vLLM parity).
-        request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing.
+        request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing and their
+            per-request values are never read.
         max_num_draft_tokens: output width minus one; default: max draft count (host sync).
-        return_accepted_per_position: also return ``[B, max_n]`` bool per-position acceptance.
-        out: preallocated outputs, overwritten (never accumulated).
+        return_accepted_per_position: also return ``[B, max_n]`` bool, ``j < num_accepted``.
+        out: preallocated outputs, fully overwritten (never accumulated).
 
     Returns:
-        :class:`VerifyOutput`; a real request emits ``num_accepted + 1`` tokens.
+        :class:`VerifyOutput`: ``output_token_ids [B, max_n + 1]`` int32 (emitted tokens, then
+        -1), ``num_accepted [B]`` int32 (a real request emits ``num_accepted + 1`` tokens), and
+        ``accepted_per_position`` or None. Masked rows: all -1, 0, False.
 
     Raises:
-        RuntimeError: shape/dtype/device mismatch; inconsistent draft counts (CPU).
+        RuntimeError: shape/dtype/device mismatch (naming the argument); on CPU also
+            inconsistent ``cu_num_draft_tokens`` (decreasing, not ending at T), more drafts than
+            ``max_n``, a negative/non-finite temperature, ``top_k < 0`` or ``top_p`` outside
+            (0, 1]. The CUDA op clamps instead (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
     """
     b = cu_num_draft_tokens.shape[0]
     if out is None:

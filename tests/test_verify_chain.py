@@ -1,0 +1,1109 @@
+"""Tests of ``peagle::verify_chain`` (SPEC.md §6, EDGE_CASES.md A and G).
+
+The op is compared with the independent pure-PyTorch reference (tests/reference/verify_chain.py)
+fed the same random draws, which tests/reference/philox.py regenerates from the documented
+Philox counter layout. Decisions the reference marks as within float rounding of flipping
+(``margin``) are the only ones allowed to differ. Distribution tests check the emitted tokens
+against the target distribution with a chi-square test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import poison_, requires_cuda
+from peagle.ops import VerifyOutput, verify_chain
+from reference import philox as rph
+from reference.verify_chain import kept_mask, scores, target_probs, verify_chain_reference
+
+MARGIN_TOL = 1e-4  # decisions closer than this to flipping may differ from the fp64 reference
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+class Case(dict):
+    """Inputs of one verify_chain call (CPU tensors) plus layout facts."""
+
+    @property
+    def b(self) -> int:
+        return self["cu_num_draft_tokens"].shape[0]
+
+    @property
+    def vocab(self) -> int:
+        return self["target_logits"].shape[1]
+
+
+def layout(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cu_num_draft_tokens`` and the logits row of every draft (global draft index -> row)."""
+    b = len(counts)
+    cu = torch.tensor(np.cumsum(counts) if b else [], dtype=torch.int32)
+    req = torch.repeat_interleave(torch.arange(b), torch.tensor(counts, dtype=torch.long))
+    draft_rows = torch.arange(int(sum(counts))) + req
+    return cu, draft_rows
+
+
+def make_case(
+    counts: list[int],
+    vocab: int,
+    gen: torch.Generator,
+    *,
+    temps: list[float] | float = 0.0,
+    dtype: torch.dtype = torch.float32,
+    scale: float = 2.0,
+    p_follow: float = 0.7,
+    draft_probs: bool = False,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
+    seed0: int = 1000,
+) -> Case:
+    """Random logits; drafts follow the row's argmax (greedy) or a sample of the draft distribution
+    with probability ``p_follow`` (so chains are accepted to various depths), else a random id."""
+    b, t = len(counts), int(sum(counts))
+    cu, draft_rows = layout(counts)
+    logits = (torch.randn(t + b, vocab, generator=gen) * scale).to(dtype)
+    if isinstance(temps, (int, float)):
+        temps = [float(temps)] * b
+    q = None
+    if draft_probs:
+        # Draft distribution: the target's softmax perturbed, with a few exact zeros.
+        base = logits[draft_rows].float() + torch.randn(t, vocab, generator=gen)
+        base[torch.rand(t, vocab, generator=gen) < 0.1] = -math.inf
+        base[:, 0] = 0.0  # at least one finite entry per row
+        q = torch.softmax(base, dim=1)
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(1).to(torch.int32) if t else None
+    else:
+        drafts = logits[draft_rows].float().argmax(dim=1).to(torch.int32)
+    if t:
+        rand_ids = torch.randint(0, vocab, (t,), generator=gen, dtype=torch.int32)
+        follow = torch.rand(t, generator=gen) < p_follow
+        drafts = torch.where(follow, drafts, rand_ids)
+    else:
+        drafts = torch.zeros(0, dtype=torch.int32)
+    case = Case(
+        target_logits=logits,
+        draft_token_ids=drafts,
+        cu_num_draft_tokens=cu,
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        seeds=torch.arange(seed0, seed0 + b, dtype=torch.int64) * 7919,
+        offsets=torch.arange(b, dtype=torch.int64) * 3 + 11,
+        top_k=None if top_k is None else torch.tensor(top_k, dtype=torch.int32),
+        top_p=None if top_p is None else torch.tensor(top_p, dtype=torch.float32),
+        draft_probs=q,
+        uniforms=None,
+        request_mask=None,
+    )
+    case.counts = list(counts)
+    return case
+
+
+def philox_draws(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's Philox draws: acceptance uniforms [T], recovered and bonus Gumbel rows [B, V]."""
+    v = case.vocab
+    us, g_rec, g_bonus = [], [], []
+    for r in range(case.b):
+        s, o = int(case["seeds"][r]), int(case["offsets"][r])
+        us.append(rph.acceptance_uniforms(s, o, case.counts[r]))
+        g_rec.append(rph.gumbel_row(s, o, v, rph.STREAM_RECOVERED))
+        g_bonus.append(rph.gumbel_row(s, o, v, rph.STREAM_BONUS))
+    u = torch.from_numpy(np.concatenate(us)) if us else torch.zeros(0, dtype=torch.float64)
+    stack = lambda rows: torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, v)
+    return u, stack(g_rec), stack(g_bonus)
+
+
+def run_op(case: Case, device: str, max_n: int | None = None, **overrides) -> VerifyOutput:
+    args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    args.update(
+        {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in overrides.items()}
+    )
+    if max_n is None:
+        max_n = max(case.counts, default=0)
+    b = case.b
+    out = VerifyOutput(
+        poison_(torch.empty(b, max_n + 1, dtype=torch.int32, device=device)),
+        poison_(torch.empty(b, dtype=torch.int32, device=device)),
+        poison_(torch.empty(b, max_n, dtype=torch.bool, device=device)),
+    )
+    res = verify_chain(
+        args["target_logits"],
+        args["draft_token_ids"],
+        args["cu_num_draft_tokens"],
+        args["temperature"],
+        args["seeds"],
+        args["offsets"],
+        top_k=args["top_k"],
+        top_p=args["top_p"],
+        draft_probs=args["draft_probs"],
+        uniforms=args["uniforms"],
+        request_mask=args["request_mask"],
+        out=out,
+    )
+    assert res is out
+    return VerifyOutput(*(t.cpu() for t in out))
+
+
+def reference(case: Case, max_n: int | None = None, uniforms: torch.Tensor | None = None):
+    u, g_rec, g_bonus = philox_draws(case)
+    if case["uniforms"] is not None:
+        u = case["uniforms"]
+    if uniforms is not None:
+        u = uniforms
+    if max_n is None:
+        max_n = max(case.counts, default=0)
+    return verify_chain_reference(
+        case["target_logits"],
+        case["draft_token_ids"],
+        case["cu_num_draft_tokens"],
+        case["temperature"],
+        u,
+        g_rec,
+        g_bonus,
+        top_k=case["top_k"],
+        top_p=case["top_p"],
+        draft_probs=case["draft_probs"],
+        request_mask=case["request_mask"],
+        max_num_draft_tokens=max_n,
+    )
+
+
+def check_invariants(got: VerifyOutput, case: Case) -> None:
+    """Every element written; tokens in range; -1 exactly after the emitted tokens."""
+    out, acc, app = got
+    v = case.vocab
+    mask = case["request_mask"]
+    for r in range(case.b):
+        real = mask is None or bool(mask[r])
+        n = case.counts[r]
+        a = int(acc[r])
+        if not real:
+            assert a == 0 and (out[r] == -1).all() and not app[r].any(), f"padding row {r}"
+            continue
+        assert 0 <= a <= n, f"row {r}: num_accepted {a} outside [0, {n}]"
+        emitted = out[r, : a + 1]
+        assert ((emitted >= 0) & (emitted < v)).all(), f"row {r}: token out of range {emitted}"
+        assert (out[r, a + 1 :] == -1).all(), f"row {r}: tail not -1: {out[r]}"
+        assert (app[r] == (torch.arange(app.shape[1]) < a)).all(), f"row {r}: accepted mask"
+        d0 = int(case["cu_num_draft_tokens"][r - 1]) if r else 0
+        assert (out[r, :a] == case["draft_token_ids"][d0 : d0 + a]).all(), f"row {r}: prefix"
+
+
+def assert_matches(got: VerifyOutput, ref, case: Case, tol: float = MARGIN_TOL) -> None:
+    check_invariants(got, case)
+    differ = (got.output_token_ids != ref.output_token_ids).any(dim=1) | (
+        got.num_accepted != ref.num_accepted
+    )
+    for r in torch.nonzero(differ).flatten().tolist():
+        assert float(ref.margin[r]) < tol, (
+            f"request {r} differs from the reference (margin {float(ref.margin[r]):.3g}): "
+            f"got {got.output_token_ids[r].tolist()}, want {ref.output_token_ids[r].tolist()}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Philox
+# ---------------------------------------------------------------------------------------------
+
+# Random123 tests/kat_vectors, "philox4x32 10" lines: counter[4], key[2] -> output[4].
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize("ctr,key,want", KAT)
+def test_reference_philox_known_answers(ctr, key, want):
+    got = tuple(int(w) for w in rph.philox4x32_10(ctr, key))
+    assert got == want
+
+
+def test_reference_philox_draw_ranges():
+    u = rph.acceptance_uniforms(-5, 2**40 + 3, 4096)
+    assert u.dtype == np.float64 and (u >= 0).all() and (u < 1).all()
+    f = rph.noise_uniforms(2**63 - 1, -1, 100_003, rph.STREAM_BONUS)
+    assert (f > 0).all() and (f < 1).all() and f.shape == (100_003,)
+    assert abs(f.mean() - 0.5) < 0.01 and abs(u.mean() - 0.5) < 0.02
+
+
+def test_philox_stream_layout_matches_op(device):
+    """A request with 0 drafts emits argmax(s + g) of its bonus row with g from stream 2, index
+    v // 4, word v % 4 -- checked on logits that are all equal (the noise alone decides)."""
+    v = 4099
+    b = 64
+    case = make_case([0] * b, v, torch.Generator().manual_seed(3), temps=1.0)
+    case["target_logits"].zero_()
+    case["seeds"] = torch.tensor([(-1) ** i * (i * 2**33 + 17) for i in range(b)])
+    case["offsets"] = torch.tensor([i * 2**32 + 5 * i for i in range(b)])
+    got = run_op(case, device)
+    for r in range(b):
+        g = rph.gumbel_row(int(case["seeds"][r]), int(case["offsets"][r]), v, rph.STREAM_BONUS)
+        assert int(got.output_token_ids[r, 0]) == int(np.argmax(g))
+
+
+# ---------------------------------------------------------------------------------------------
+# greedy
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 111, 32001])
+def test_greedy_matches_reference(device, dtype, vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    counts = [3, 0, 1, 5, 2, 0, 4, 3]
+    case = make_case(counts, vocab, gen, dtype=dtype, p_follow=0.85)
+    got = run_op(case, device)
+    ref = reference(case)
+    assert_matches(got, ref, case, tol=0.0)
+    assert (got.output_token_ids == ref.output_token_ids).all()
+    if vocab > 1:  # the chains were accepted to different depths
+        assert len(set(got.num_accepted.tolist())) > 1
+
+
+def test_greedy_ties_take_first_index(device):
+    v = 50
+    counts = [2, 2]
+    case = make_case(counts, v, torch.Generator().manual_seed(1))
+    logits = torch.zeros(6, v)
+    logits[:, 7] = 5.0
+    logits[:, 3] = 5.0  # tie: the lower id (3) is the argmax
+    logits[:, 30] = 5.0
+    case["target_logits"] = logits
+    case["draft_token_ids"] = torch.tensor([3, 7, 3, 3], dtype=torch.int32)
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[3, 3, -1], [3, 3, 3]]
+    assert got.num_accepted.tolist() == [1, 2]
+
+
+def test_greedy_is_never_scaled_and_ignores_top_k_top_p(device):
+    """Greedy rows (temperature 0) with top-k=1 / top-p tiny: same as plain argmax (A1)."""
+    gen = torch.Generator().manual_seed(2)
+    counts = [4, 3, 2]
+    case = make_case(counts, 111, gen, p_follow=0.9)
+    plain = run_op(case, device)
+    case["top_k"] = torch.tensor([1, 2, 3], dtype=torch.int32)
+    case["top_p"] = torch.tensor([0.01, 0.5, 0.9], dtype=torch.float32)
+    filtered = run_op(case, device)
+    assert (plain.output_token_ids == filtered.output_token_ids).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# random rows vs the reference
+# ---------------------------------------------------------------------------------------------
+
+RANDOM_VARIANTS = {
+    "plain": {},
+    "draft_probs": {"draft_probs": True},
+    "top_k": {"top_k": [1, 5, 0, 40, 200, 3]},
+    "top_p": {"top_p": [0.9, 0.5, 1.0, 0.05, 0.99, 0.7]},
+    "top_k_top_p": {"top_k": [10, 50, 0, 3, 1000, 7], "top_p": [0.8, 0.95, 0.6, 1.0, 0.3, 0.9]},
+    "draft_probs_top_k_top_p": {
+        "draft_probs": True,
+        "top_k": [20, 0, 5, 1, 64, 2],
+        "top_p": [0.9, 0.7, 1.0, 0.99, 0.5, 0.8],
+    },
+}
+
+
+@pytest.mark.parametrize("variant", list(RANDOM_VARIANTS))
+@pytest.mark.parametrize("injected", [False, True], ids=["philox", "uniforms"])
+def test_random_matches_reference(device, variant, injected):
+    gen = torch.Generator().manual_seed(list(RANDOM_VARIANTS).index(variant) * 2 + injected)
+    counts = [4, 0, 2, 7, 1, 3]
+    case = make_case(
+        counts,
+        1000,
+        gen,
+        temps=[0.7, 1.0, 1.3, 0.5, 0.9, 2.0],
+        scale=1.5,
+        **RANDOM_VARIANTS[variant],
+    )
+    if injected:
+        case["uniforms"] = torch.rand(sum(counts), generator=gen, dtype=torch.float64)
+    got = run_op(case, device)
+    ref = reference(case)
+    assert_matches(got, ref, case)
+    assert (got.output_token_ids == ref.output_token_ids).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("vocab", [1, 111, 32001])
+@pytest.mark.parametrize("filtered", [False, True], ids=["plain", "top_k_top_p"])
+def test_random_vocab_sizes(device, vocab, filtered):
+    gen = torch.Generator().manual_seed(vocab * 2 + filtered)
+    counts = [3, 0, 5, 1]
+    kw = {"top_k": [2, 0, 30, 1], "top_p": [0.9, 0.5, 1.0, 0.7]} if filtered else {}
+    case = make_case(counts, vocab, gen, temps=[0.6, 1.0, 0.9, 1.5], draft_probs=vocab > 1, **kw)
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+    if vocab == 1:  # p = q = 1 on the only token: every draft accepted
+        assert got.num_accepted.tolist() == counts
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_random_low_precision_logits(device, dtype):
+    gen = torch.Generator().manual_seed(17)
+    counts = [3, 5, 0, 2]
+    case = make_case(counts, 4097, gen, temps=0.8, dtype=dtype, top_k=[0, 100, 10, 4096])
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+
+
+def test_mixed_greedy_and_random_batch(device):
+    """A1: temperatures [0, 0.7, ...] in one batch; no NaN, counts within [0, n]."""
+    gen = torch.Generator().manual_seed(5)
+    counts = [2, 2, 3, 0, 3, 1]
+    temps = [0.0, 0.7, 0.0, 0.7, 1.0, 0.0]
+    case = make_case(counts, 257, gen, temps=temps, top_k=[0, 5, 1, 0, 0, 3], top_p=[1.0] * 6)
+    got = run_op(case, device)
+    ref = reference(case)
+    assert_matches(got, ref, case)
+    for r in (0, 2, 5):  # greedy rows exactly
+        assert (got.output_token_ids[r] == ref.output_token_ids[r]).all()
+
+
+def test_injected_uniforms_decide_acceptance(device):
+    """u = 0 accepts every draft with p(x) > 0; u just below 1 rejects a draft with p(x) < 1."""
+    gen = torch.Generator().manual_seed(8)
+    counts = [5, 5]
+    case = make_case(counts, 64, gen, temps=1.0, scale=0.5, p_follow=0.0)
+    case["uniforms"] = torch.zeros(10, dtype=torch.float64)
+    got = run_op(case, device)
+    assert got.num_accepted.tolist() == [5, 5]
+    case["uniforms"] = torch.full((10,), 1.0 - 2.0**-53, dtype=torch.float64)
+    got = run_op(case, device)
+    assert got.num_accepted.tolist() == [0, 0]
+    assert_matches(got, reference(case), case)
+
+
+# ---------------------------------------------------------------------------------------------
+# seeds, zero-draft rows, padding, layout (A4, A9, D2/D5, G4, G6)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seeded_rows_independent_of_neighbours_and_order(device):
+    """A9/G4: a seeded row's output depends only on its own inputs, seed and offset -- not on its
+    batch position, its neighbours' logits or their draft counts (0-draft rows included)."""
+    gen = torch.Generator().manual_seed(9)
+    v = 300
+    rows = []  # per request: (logits rows [n+1, V], drafts [n], temp, seed, offset)
+    for n, t, s in [(3, 1.0, 42), (0, 1.0, 7), (3, 0.9, 99), (0, 0.0, 5), (2, 0.0, 1)]:
+        rows.append(
+            (
+                torch.randn(n + 1, v, generator=gen),
+                torch.randint(0, v, (n,), generator=gen, dtype=torch.int32),
+                t,
+                s,
+                1234,
+            )
+        )
+
+    def batch(order, extra=None):
+        reqs = [rows[i] for i in order] + ([extra] if extra else [])
+        counts = [r[1].shape[0] for r in reqs]
+        case = make_case(counts, v, gen)
+        case["target_logits"] = torch.cat([r[0] for r in reqs])
+        case["draft_token_ids"] = torch.cat([r[1] for r in reqs])
+        case["temperature"] = torch.tensor([r[2] for r in reqs], dtype=torch.float32)
+        case["seeds"] = torch.tensor([r[3] for r in reqs])
+        case["offsets"] = torch.tensor([r[4] for r in reqs])
+        return case
+
+    base = batch([0, 1, 2, 3, 4])
+    got0 = run_op(base, device)
+    assert_matches(got0, reference(base), base)
+    perm = [3, 2, 4, 0, 1]
+    extra = (
+        torch.randn(6, v, generator=gen),
+        torch.randint(0, v, (5,), generator=gen, dtype=torch.int32),
+        1.0,
+        3,
+        3,
+    )
+    got1 = run_op(batch(perm, extra), device)
+    w = got0.output_token_ids.shape[1]
+    for new_pos, old_pos in enumerate(perm):
+        assert (got1.output_token_ids[new_pos, :w] == got0.output_token_ids[old_pos]).all()
+        assert (got1.output_token_ids[new_pos, w:] == -1).all()
+        assert got1.num_accepted[new_pos] == got0.num_accepted[old_pos]
+    # Zero-draft rows emit exactly their bonus token and nothing else.
+    for r in (1, 3):
+        assert got0.num_accepted[r] == 0 and (got0.output_token_ids[r, 1:] == -1).all()
+
+
+def test_offsets_change_draws(device):
+    """The caller advances offsets by 1 per step: a new offset gives new draws."""
+    gen = torch.Generator().manual_seed(10)
+    case = make_case([0] * 200, 1000, gen, temps=1.0, scale=0.1)
+    a = run_op(case, device).output_token_ids[:, 0]
+    case["offsets"] = case["offsets"] + 1
+    b = run_op(case, device).output_token_ids[:, 0]
+    assert (a != b).float().mean() > 0.9
+
+
+def test_request_mask_rows_are_inert(device):
+    """D2/D5: masked rows -> all -1, num_accepted 0, no accepted positions, whatever their
+    (possibly stale, invalid) per-request values."""
+    gen = torch.Generator().manual_seed(11)
+    counts = [3, 3, 0, 3]
+    case = make_case(counts, 100, gen, temps=[0.0, 0.8, 1.0, 0.0])
+    case["request_mask"] = torch.tensor([True, False, False, True])
+    case["temperature"][1] = float("nan")  # stale garbage in a padding row is never read
+    case["top_k"] = torch.tensor([0, -5, 0, 0], dtype=torch.int32)
+    got = run_op(case, device)
+    ref = reference(case)
+    assert_matches(got, ref, case)
+    assert (got.output_token_ids[1:3] == -1).all() and (got.num_accepted[1:3] == 0).all()
+    assert not got.accepted_per_position[1:3].any()
+
+
+def test_padded_outputs_and_out_of_range_drafts(device):
+    """A4/C5: the draft count is explicit; columns past the emitted tokens are -1 even when the
+    output is wider than any request; out-of-range draft ids are rejected without being used as
+    an index (q lookup included)."""
+    gen = torch.Generator().manual_seed(12)
+    counts = [3, 2, 2]
+    case = make_case(counts, 4, gen, temps=[1.0, 0.0, 1.0], draft_probs=True)
+    case["draft_token_ids"] = torch.tensor([1, 0, 1, -1, 2, 4, 2**30], dtype=torch.int32)
+    got = run_op(case, device, max_n=5)
+    check_invariants(got, case)
+    ref = reference(case, max_n=5)
+    assert_matches(got, ref, case)
+    assert got.num_accepted[1] == 0  # greedy row: -1 is never the argmax
+    assert got.num_accepted[2] == 0  # id 4 == V is rejected
+
+
+def test_outputs_overwritten_not_accumulated(device):
+    """G6: calling twice into the same buffers gives the same result; a different call in between
+    leaves nothing behind."""
+    gen = torch.Generator().manual_seed(13)
+    case_a = make_case([3, 1, 2], 50, gen, temps=[0.0, 1.0, 0.5])
+    case_b = make_case([0, 3, 3], 50, gen, temps=[1.0, 0.0, 0.0])
+    dev = lambda c: {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    out = VerifyOutput(
+        torch.full((3, 4), 77, dtype=torch.int32, device=device),
+        torch.full((3,), 77, dtype=torch.int32, device=device),
+        torch.ones(3, 3, dtype=torch.bool, device=device),
+    )
+    results = []
+    for c in (case_a, case_b, case_a, case_a):
+        a = dev(c)
+        verify_chain(
+            a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+            a["seeds"], a["offsets"], out=out,
+        )  # fmt: skip
+        results.append(tuple(t.cpu().clone() for t in out))
+    for x, y in zip(results[0], results[2], strict=True):
+        assert torch.equal(x, y)
+    for x, y in zip(results[2], results[3], strict=True):
+        assert torch.equal(x, y)
+    assert not torch.equal(results[0][0], results[1][0])
+
+
+def test_empty_batch_and_no_drafts(device):
+    gen = torch.Generator().manual_seed(14)
+    case = make_case([], 10, gen)
+    got = run_op(case, device)
+    assert got.output_token_ids.shape == (0, 1) and got.num_accepted.shape == (0,)
+    case = make_case([0, 0, 0], 10, gen, temps=[0.0, 1.0, 0.3])
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+    assert got.output_token_ids.shape == (3, 1) and (got.num_accepted == 0).all()
+    assert got.output_token_ids[0, 0] == case["target_logits"][0].argmax()
+
+
+def test_wrapper_allocates_outputs(device):
+    gen = torch.Generator().manual_seed(15)
+    case = make_case([2, 4, 1], 33, gen, temps=0.0)
+    a = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    res = verify_chain(
+        a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+        a["seeds"], a["offsets"], return_accepted_per_position=True,
+    )  # fmt: skip
+    assert res.output_token_ids.shape == (3, 5) and res.accepted_per_position.shape == (3, 4)
+    ref = reference(case)
+    assert (res.output_token_ids.cpu() == ref.output_token_ids).all()
+    res = verify_chain(
+        a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+        a["seeds"], a["offsets"], max_num_draft_tokens=7,
+    )  # fmt: skip
+    assert res.output_token_ids.shape == (3, 8) and res.accepted_per_position is None
+
+
+# ---------------------------------------------------------------------------------------------
+# special distributions (A2, A10, G1, G2)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_neg_inf_logits(device):
+    """A2: -inf logits have probability exactly 0; a row with one finite logit is one-hot (greedy
+    and random), and no NaN or out-of-range id appears."""
+    v = 97
+    counts = [2, 2, 2]
+    case = make_case(counts, v, torch.Generator().manual_seed(16), temps=[0.0, 1.0, 0.7])
+    logits = torch.randn(9, v, generator=torch.Generator().manual_seed(1))
+    logits[:, ::3] = -math.inf  # many masked tokens everywhere
+    for row in (0, 3, 6):  # each request's first draft row has a single finite logit, at id 10
+        logits[row] = -math.inf
+        logits[row, 10] = 3.0
+    case["target_logits"] = logits
+    case["draft_token_ids"] = torch.tensor([10, 3, 10, 3, 6, 10], dtype=torch.int32)
+    for u in (0.0, 0.5, 1.0 - 2.0**-53):
+        case["uniforms"] = torch.full((6,), u, dtype=torch.float64)
+        got = run_op(case, device)
+        assert_matches(got, reference(case), case)
+        assert got.output_token_ids[0, 0] == 10  # greedy one-hot row accepts draft 10
+        assert got.output_token_ids[1, 0] == 10  # random one-hot row: p(10) = 1 -> accepted
+        assert got.output_token_ids[2, 0] == 10  # random one-hot row rejects 6, recovers 10
+        assert got.num_accepted[2] == 0
+    # Sampled tokens never land on -inf logits.
+    case["uniforms"] = None
+    case["draft_token_ids"] = torch.tensor([10, 3, 10, 3, 10, 9], dtype=torch.int32)
+    for offset in range(20):
+        case["offsets"] = torch.full((3,), offset, dtype=torch.int64)
+        got = run_op(case, device)
+        for r in (1, 2):
+            a = int(got.num_accepted[r])
+            tok = int(got.output_token_ids[r, a])
+            row = 3 * r + a
+            assert torch.isfinite(logits[row, tok]), f"request {r} sampled a -inf token {tok}"
+
+
+def test_all_neg_inf_row_stays_in_range(device):
+    v = 20
+    case = make_case([1, 1], v, torch.Generator().manual_seed(18), temps=[0.0, 1.0])
+    case["target_logits"] = torch.full((4, v), -math.inf)
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+    assert got.output_token_ids[:, 0].tolist() == [0, 0]  # first index when nothing is finite
+
+
+def test_zero_draft_probability_rejects(device):
+    """G1: q(x) = 0 with p(x) = 0.5 is rejected (even with u = 0); a recovered token is emitted."""
+    v = 4
+    case = make_case([1], v, torch.Generator().manual_seed(19), temps=1.0)
+    case["target_logits"] = torch.tensor([[0.0, 0.0, -math.inf, -math.inf], [0.0, 1.0, 2.0, 3.0]])
+    case["draft_token_ids"] = torch.tensor([1], dtype=torch.int32)
+    case["draft_probs"] = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    case["uniforms"] = torch.tensor([0.0], dtype=torch.float64)
+    got = run_op(case, device)
+    # Residual max(p - q, 0) = [0, 0.5, 0, 0]: the recovered token is 1.
+    assert got.output_token_ids.tolist() == [[1, -1]] and got.num_accepted.tolist() == [0]
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 1.0 - 2.0**-53, 1.0])
+def test_p_equal_q_always_accepted(device, u):
+    """G2: p == q accepts for every u in [0, 1] (accept iff u <= p/q = 1). Dyadic distributions so
+    that p is exact in every arithmetic."""
+    v = 16
+    counts = [2, 3]
+    case = make_case(counts, v, torch.Generator().manual_seed(20), temps=1.0)
+    logits = torch.full((7, v), -math.inf)
+    logits[0:3, :4] = 0.0  # request 0 (rows 0-2): p = 1/4 on ids 0..3
+    logits[3:7, 8:16] = 0.0  # request 1 (rows 3-6): p = 1/8 on ids 8..15
+    case["target_logits"] = logits
+    case["draft_token_ids"] = torch.tensor([1, 3, 8, 15, 9], dtype=torch.int32)
+    q = torch.zeros(5, v)
+    q[:2, :4] = 0.25
+    q[2:, 8:16] = 0.125
+    case["draft_probs"] = q
+    case["uniforms"] = torch.full((5,), u, dtype=torch.float64)
+    got = run_op(case, device)
+    assert got.num_accepted.tolist() == [2, 3]
+    assert got.output_token_ids[0, :2].tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("vocab", [32000])
+def test_one_hot_p_and_q(device, vocab):
+    """A10: p and q one-hot on the same id always accept; on different ids always reject and emit
+    the target's hot id; huge top_k changes nothing; u = 0 or 1 changes neither outcome."""
+    counts = [1, 1, 1]
+    case = make_case(counts, vocab, torch.Generator().manual_seed(21), temps=[1.0, 1.0, 0.5])
+    logits = torch.full((6, vocab), -math.inf)
+    logits[:, 1] = 0.0
+    case["target_logits"] = logits.to(torch.bfloat16)
+    case["draft_token_ids"] = torch.tensor([1, 2, 1], dtype=torch.int32)
+    q = torch.zeros(3, vocab)
+    q[0, 1] = q[1, 2] = q[2, 1] = 1.0
+    case["draft_probs"] = q
+    case["top_k"] = torch.tensor([2**30, 2**30, 0], dtype=torch.int32)
+    case["top_p"] = torch.tensor([1.0, 1.0, 1.0])
+    for u in (0.0, 0.999, 1.0):
+        case["uniforms"] = torch.full((3,), u, dtype=torch.float64)
+        got = run_op(case, device)
+        assert got.output_token_ids.tolist() == [[1, 1], [1, -1], [1, 1]]
+        assert got.num_accepted.tolist() == [1, 0, 1]
+    case["draft_probs"] = None  # argmax drafting: same outcomes
+    case["uniforms"] = None
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[1, 1], [1, -1], [1, 1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k / top-p
+# ---------------------------------------------------------------------------------------------
+
+
+def _vllm_style_keep(s: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """vLLM's rule (apply_top_k_top_p): ascending sort; top-k masks below the k-th largest;
+    top-p masks the prefix whose cumulative probability is <= 1 - p, keeping the last."""
+    asc, idx = torch.sort(s)
+    v = s.shape[0]
+    if 0 < k < v:
+        asc = asc.masked_fill(asc < asc[v - k], -math.inf)
+    if p < 1.0:
+        probs = torch.softmax(asc, dim=0)
+        mask = torch.cumsum(probs, 0) <= 1 - p
+        mask[-1] = False
+        asc = asc.masked_fill(mask, -math.inf)
+    keep = torch.zeros(v, dtype=torch.bool)
+    keep[idx] = asc > -math.inf
+    return keep
+
+
+def test_reference_kept_set_matches_vllm_rule_on_distinct_scores():
+    gen = torch.Generator().manual_seed(22)
+    for trial in range(200):
+        v = int(torch.randint(2, 300, (1,), generator=gen))
+        s = (torch.randn(v, generator=gen, dtype=torch.float64) * 3).unique()
+        s = s[torch.randperm(s.shape[0], generator=gen)]
+        k = int(torch.randint(0, s.shape[0] + 2, (1,), generator=gen))
+        p = float(torch.rand(1, generator=gen)) if trial % 4 else 1.0
+        assert torch.equal(kept_mask(s, k, p), _vllm_style_keep(s, k, p)), (trial, k, p)
+
+
+def test_top_k_keeps_ties_at_threshold(device):
+    v = 40
+    case = make_case([0] * 400, v, torch.Generator().manual_seed(23), temps=1.0)
+    logits = torch.full((400, v), -5.0)
+    logits[:, [4, 9, 17]] = 2.0  # three-way tie for the largest score
+    logits[:, 30] = 1.0
+    case["target_logits"] = logits
+    case["top_k"] = torch.full((400,), 2, dtype=torch.int32)
+    got = run_op(case, device).output_token_ids[:, 0]
+    assert set(got.tolist()) == {4, 9, 17}  # the tie at the 2nd largest keeps all three
+
+
+def test_top_p_smallest_set(device):
+    """p = [0.5, 0.25, 0.125, 0.125]: top_p 0.45 keeps {0}; 0.55 and 0.7 keep {0, 1}; 0.8 keeps all
+    four (the last two are tied: equal scores are kept or cut together)."""
+    v = 4
+    b = 3000
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.125])).repeat(b, 1)
+    case = make_case([0] * b, v, torch.Generator().manual_seed(24), temps=1.0)
+    case["target_logits"] = logits
+    for p, want in ((0.45, {0}), (0.55, {0, 1}), (0.7, {0, 1}), (0.8, {0, 1, 2, 3})):
+        case["top_p"] = torch.full((b,), p)
+        got = set(run_op(case, device).output_token_ids[:, 0].tolist())
+        assert got == want, (p, got)
+
+
+# ---------------------------------------------------------------------------------------------
+# distribution tests (chi-square of the emitted tokens vs the target)
+# ---------------------------------------------------------------------------------------------
+
+
+def _chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    from scipy.stats import chisquare
+
+    counts = torch.bincount(tokens.long(), minlength=probs.shape[0]).double()
+    n = counts.sum()
+    support = probs > 0
+    assert counts[~support].sum() == 0, f"tokens outside the support: {counts[~support]}"
+    expected = probs[support] * n
+    return float(chisquare(counts[support].numpy(), expected.numpy()).pvalue)
+
+
+def _distribution_check(
+    device, trials, vocab, k, *, draft_probs, top_k=0, top_p=1.0, temp=0.8, seed=0
+):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(k + 1, vocab, generator=gen) * 1.2
+    base[:, -1] = -math.inf  # one masked token
+    case = make_case([k] * trials, 1, gen, temps=temp)  # layout only; the rest is replaced
+    case["target_logits"] = base.repeat(trials, 1)
+    case["seeds"] = torch.full((trials,), 20240601 + seed, dtype=torch.int64)
+    case["offsets"] = torch.arange(trials, dtype=torch.int64)
+    if top_k:
+        case["top_k"] = torch.full((trials,), top_k, dtype=torch.int32)
+    if top_p < 1.0:
+        case["top_p"] = torch.full((trials,), top_p)
+    p = []
+    for j in range(k + 1):
+        s = scores(base[j], temp)
+        p.append(target_probs(s, kept_mask(s, top_k, top_p)))
+    if draft_probs:
+        q = torch.softmax(torch.randn(k, vocab, generator=gen) * 1.5, dim=1)
+        q[:, 1] = 0.0  # a token the draft never proposes
+        q = q / q.sum(1, keepdim=True)
+        drafts = torch.stack(
+            [torch.multinomial(q[j], trials, True, generator=gen) for j in range(k)]
+        )
+        case["draft_token_ids"] = drafts.T.reshape(-1).to(torch.int32)
+        case["draft_probs"] = q.repeat(trials, 1)
+    else:  # argmax drafting from some other model: fixed drafts per position
+        q = None
+        # The target's second most likely token (its most likely if the support is 1 token).
+        second = [int((pj > 0).sum() > 1) for pj in p[:k]]
+        drafts = torch.tensor(
+            [int(torch.argsort(p[j], descending=True)[second[j]]) for j in range(k)]
+        )
+        case["draft_token_ids"] = drafts.repeat(trials).to(torch.int32)
+    got = run_op(case, device)
+    out, acc = got.output_token_ids, got.num_accepted
+    pvals = [_chi2_pvalue(out[:, 0], p[0])]
+    sel = acc >= 1
+    assert sel.sum() > 1000
+    pvals.append(_chi2_pvalue(out[sel, 1], p[1]))
+    sel = acc == k
+    if sel.sum() > 1000:
+        pvals.append(_chi2_pvalue(out[sel, k], p[k]))
+    for pv in pvals:
+        assert pv > 1e-4, f"emitted distribution differs from the target: p-values {pvals}"
+    # Power check: the same statistic rejects a slightly wrong distribution on the same support.
+    support = (p[0] > 0).double()
+    wrong = 0.85 * p[0] + 0.15 * support / support.sum()
+    assert _chi2_pvalue(out[:, 0], wrong) < 1e-6
+
+
+@pytest.mark.parametrize("draft_probs", [False, True], ids=["argmax_drafts", "draft_probs"])
+def test_emitted_distribution_matches_target(draft_probs):
+    _distribution_check("cpu", 100_000, 6, 2, draft_probs=draft_probs)
+
+
+def test_emitted_distribution_top_k_top_p():
+    _distribution_check("cpu", 100_000, 9, 2, draft_probs=True, top_k=5, top_p=0.85, seed=1)
+    _distribution_check("cpu", 100_000, 9, 2, draft_probs=False, top_k=4, top_p=0.9, seed=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_probs", [False, True], ids=["argmax_drafts", "draft_probs"])
+@pytest.mark.parametrize("top", [(0, 1.0), (20, 0.9)])
+def test_emitted_distribution_slow(device, draft_probs, top):
+    _distribution_check(
+        device, 300_000, 30, 4, draft_probs=draft_probs, top_k=top[0], top_p=top[1], seed=3
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes and strides
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab", [151936, 201088])
+def test_large_vocab(device, vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    counts = [2, 1, 0]
+    case = make_case(
+        counts, vocab, gen, temps=[0.0, 0.7, 1.0], dtype=torch.bfloat16, top_k=[0, 0, 50],
+        top_p=[1.0, 0.9, 1.0],
+    )  # fmt: skip
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+
+
+@pytest.mark.parametrize("temps", [0.0, 0.9], ids=["greedy", "random"])
+def test_non_contiguous_logits(device, temps):
+    gen = torch.Generator().manual_seed(25)
+    counts = [3, 0, 2, 4]
+    case = make_case(counts, 301, gen, temps=temps, draft_probs=True)
+    wide = torch.randn(case["target_logits"].shape[0], 512, generator=gen)
+    wide[:, 7 : 7 + 301] = case["target_logits"]
+    strided = wide[:, 7 : 7 + 301]
+    assert strided.stride(0) == 512
+    qwide = torch.zeros(case["draft_probs"].shape[0], 400)
+    qwide[:, :301] = case["draft_probs"]
+    ref_out = run_op(case, device)
+    got = run_op(case, device, target_logits=strided, draft_probs=qwide[:, :301])
+    for x, y in zip(ref_out, got, strict=True):
+        assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_args(device):
+    gen = torch.Generator().manual_seed(26)
+    case = make_case([2, 1], 10, gen, temps=[0.0, 1.0], draft_probs=True)
+    case["uniforms"] = torch.rand(3, generator=gen, dtype=torch.float64)
+    case["top_k"] = torch.tensor([0, 3], dtype=torch.int32)
+    case["top_p"] = torch.tensor([1.0, 0.9])
+    case["request_mask"] = torch.tensor([True, True])
+    args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    args["output_token_ids"] = torch.empty(2, 3, dtype=torch.int32, device=device)
+    args["num_accepted"] = torch.empty(2, dtype=torch.int32, device=device)
+    args["accepted_per_position"] = torch.empty(2, 2, dtype=torch.bool, device=device)
+    return args
+
+
+def _call_raw(a):
+    torch.ops.peagle.verify_chain.default(
+        a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+        a["seeds"], a["offsets"], a["output_token_ids"], a["num_accepted"], a["top_k"],
+        a["top_p"], a["draft_probs"], a["uniforms"], a["request_mask"],
+        a["accepted_per_position"],
+    )  # fmt: skip
+
+
+def test_bad_args_baseline_is_valid(device):
+    _call_raw(_bad_args(device))
+
+
+BAD_TYPES = {
+    "target_logits": (lambda a: a["target_logits"].to(torch.float64), "target_logits"),
+    "draft_token_ids": (lambda a: a["draft_token_ids"].long(), "draft_token_ids"),
+    "cu_num_draft_tokens": (lambda a: a["cu_num_draft_tokens"].long(), "cu_num_draft_tokens"),
+    "temperature": (lambda a: a["temperature"].double(), "temperature"),
+    "seeds": (lambda a: a["seeds"].int(), "seeds"),
+    "offsets": (lambda a: a["offsets"].float(), "offsets"),
+    "top_k": (lambda a: a["top_k"].long(), "top_k"),
+    "top_p": (lambda a: a["top_p"].half(), "top_p"),
+    "draft_probs": (lambda a: a["draft_probs"].half(), "draft_probs"),
+    "uniforms": (lambda a: a["uniforms"].float(), "uniforms"),
+    "request_mask": (lambda a: a["request_mask"].int(), "request_mask"),
+    "output_token_ids": (lambda a: a["output_token_ids"].long(), "output_token_ids"),
+    "num_accepted": (lambda a: a["num_accepted"].long(), "num_accepted"),
+    "accepted_per_position": (lambda a: a["accepted_per_position"].int(), "accepted_per_position"),
+}
+
+BAD_SHAPES = {
+    "rows_not_T_plus_B": ("target_logits", lambda a: a["target_logits"][:-1], "T \\+ B"),
+    "logits_1d": ("target_logits", lambda a: a["target_logits"][0], "target_logits"),
+    "logits_col_stride": (
+        "target_logits",
+        lambda a: a["target_logits"].repeat_interleave(2, dim=1)[:, ::2],
+        "unit stride",
+    ),
+    "drafts_2d": ("draft_token_ids", lambda a: a["draft_token_ids"][None], "draft_token_ids"),
+    "temperature": ("temperature", lambda a: a["temperature"][:1], "temperature"),
+    "seeds": ("seeds", lambda a: a["seeds"][:1], "seeds"),
+    "offsets": ("offsets", lambda a: a["offsets"].repeat(2), "offsets"),
+    "top_k": ("top_k", lambda a: a["top_k"][:1], "top_k"),
+    "top_p": ("top_p", lambda a: a["top_p"][None], "top_p"),
+    "draft_probs_rows": ("draft_probs", lambda a: a["draft_probs"][:2], "draft_probs"),
+    "draft_probs_vocab": ("draft_probs", lambda a: a["draft_probs"][:, :5], "draft_probs"),
+    "uniforms": ("uniforms", lambda a: a["uniforms"][:2], "uniforms"),
+    "request_mask": ("request_mask", lambda a: a["request_mask"][:1], "request_mask"),
+    "out_rows": ("output_token_ids", lambda a: a["output_token_ids"][:1], "output_token_ids"),
+    "out_cols": ("output_token_ids", lambda a: a["output_token_ids"][:, :0], "output_token_ids"),
+    "out_strided": (
+        "output_token_ids",
+        lambda a: torch.empty(3, 2, dtype=torch.int32, device=a["seeds"].device).T,
+        "contiguous",
+    ),
+    "num_accepted": ("num_accepted", lambda a: a["num_accepted"][:1], "num_accepted"),
+    "app_cols": (
+        "accepted_per_position",
+        lambda a: a["accepted_per_position"][:, :1],
+        "accepted_per_position",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_TYPES))
+def test_bad_dtype(device, name):
+    a = _bad_args(device)
+    fn, msg = BAD_TYPES[name]
+    a[name] = fn(a)
+    with pytest.raises(RuntimeError, match=msg):
+        _call_raw(a)
+
+
+@pytest.mark.parametrize("case", list(BAD_SHAPES))
+def test_bad_shape(device, case):
+    a = _bad_args(device)
+    name, fn, msg = BAD_SHAPES[case]
+    a[name] = fn(a)
+    with pytest.raises(RuntimeError, match=msg):
+        _call_raw(a)
+
+
+BAD_VALUES = {
+    "cu_decreasing": ("cu_num_draft_tokens", [2, 1], "non-decreasing"),
+    "cu_negative": ("cu_num_draft_tokens", [-1, 3], "non-decreasing"),
+    "cu_not_ending_at_T": ("cu_num_draft_tokens", [1, 2], "end at T"),
+    "too_many_drafts": ("cu_num_draft_tokens", [0, 3], "max_n"),
+    "temperature_negative": ("temperature", [0.0, -0.5], "temperature"),
+    "temperature_nan": ("temperature", [float("nan"), 1.0], "temperature"),
+    "temperature_inf": ("temperature", [0.0, float("inf")], "temperature"),
+    "top_k_negative": ("top_k", [0, -1], "top_k"),
+    "top_p_zero": ("top_p", [1.0, 0.0], "top_p"),
+    "top_p_above_one": ("top_p", [1.5, 0.9], "top_p"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_bad_values_cpu(case):
+    a = _bad_args("cpu")
+    name, values, msg = BAD_VALUES[case]
+    a[name] = torch.tensor(values, dtype=a[name].dtype)
+    with pytest.raises(RuntimeError, match=msg):
+        _call_raw(a)
+
+
+@requires_cuda
+def test_wrong_device():
+    a = _bad_args("cuda")
+    for name in ("draft_token_ids", "temperature", "seeds", "uniforms", "output_token_ids"):
+        b = dict(a)
+        b[name] = b[name].cpu()
+        with pytest.raises(RuntimeError, match=name):
+            _call_raw(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch integration
+# ---------------------------------------------------------------------------------------------
+
+
+def test_opcheck(device):
+    a = _bad_args(device)
+    args = (
+        a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+        a["seeds"], a["offsets"], a["output_token_ids"], a["num_accepted"], a["top_k"],
+        a["top_p"], a["draft_probs"], a["uniforms"], a["request_mask"],
+        a["accepted_per_position"],
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.peagle.verify_chain.default, args)
+
+
+def test_torch_compile_fullgraph(device):
+    gen = torch.Generator().manual_seed(27)
+    case = make_case([2, 3, 1], 64, gen, temps=[0.0, 0.8, 1.0])
+    a = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+
+    def step(logits, drafts, cu, temp, seeds, offsets):
+        res = verify_chain(logits * 1.0, drafts, cu, temp, seeds, offsets, max_num_draft_tokens=3)
+        return res.output_token_ids, res.num_accepted + 0
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = (
+        a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
+        a["seeds"], a["offsets"],
+    )  # fmt: skip
+    want = step(*args)
+    got = compiled(*args)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: agreement with the CPU op, graphs, determinism
+# ---------------------------------------------------------------------------------------------
+
+
+def _agreement(case: Case) -> tuple[VerifyOutput, VerifyOutput]:
+    return run_op(case, "cpu"), run_op(case, "cuda")
+
+
+@requires_cuda
+@pytest.mark.parametrize("vocab", [111, 4097, 32001, 151936, 201088])
+@pytest.mark.parametrize(
+    "variant", ["greedy", "plain", "draft_probs", "top_k", "top_p", "top_k_top_p"]
+)
+def test_cuda_matches_cpu(vocab, variant):
+    gen = torch.Generator().manual_seed(vocab + len(variant))
+    b = 64 if vocab > 40000 else 256
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    kw = {}
+    if variant == "greedy":
+        kw["temps"] = 0.0
+    else:
+        kw["temps"] = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    if variant == "draft_probs":
+        kw["draft_probs"] = True
+    if "top_k" in variant:
+        kw["top_k"] = [int(x) for x in torch.randint(0, 300, (b,), generator=gen)]
+    if "top_p" in variant:
+        kw["top_p"] = [float(x) for x in torch.rand(b, generator=gen) * 0.9 + 0.1]
+    case = make_case(counts, vocab, gen, dtype=torch.bfloat16, scale=2.5, **kw)
+    cpu, cuda = _agreement(case)
+    check_invariants(cuda, case)
+    same = (cpu.output_token_ids == cuda.output_token_ids).all(dim=1) & (
+        cpu.num_accepted == cuda.num_accepted
+    )
+    if variant == "greedy":
+        assert same.all()
+    else:
+        # SPEC §0.1: rows may differ only where float rounding flips a comparison (<= 0.1%); with
+        # b <= 256 rows that means none in practice, so allow at most one.
+        assert int((~same).sum()) <= max(1, int(0.001 * b)), torch.nonzero(~same).flatten()
+
+
+@requires_cuda
+def test_cuda_graph_capture_and_replay():
+    gen = torch.Generator().manual_seed(28)
+    b, k, v = 8, 7, 32001
+    cases = [
+        make_case([k] * b, v, gen, temps=[0.0, 0.7] * 4, top_k=[0, 50] * 4, top_p=[1.0, 0.9] * 4)
+        for _ in range(3)
+    ]
+    static = {
+        key: (val.cuda().clone() if isinstance(val, torch.Tensor) else val)
+        for key, val in cases[0].items()
+    }
+    out = VerifyOutput(
+        torch.empty(b, k + 1, dtype=torch.int32, device="cuda"),
+        torch.empty(b, dtype=torch.int32, device="cuda"),
+        torch.empty(b, k, dtype=torch.bool, device="cuda"),
+    )
+
+    def call():
+        verify_chain(
+            static["target_logits"], static["draft_token_ids"], static["cu_num_draft_tokens"],
+            static["temperature"], static["seeds"], static["offsets"], top_k=static["top_k"],
+            top_p=static["top_p"], out=out,
+        )  # fmt: skip
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for c in cases + [cases[0]]:
+        for key, val in c.items():
+            if isinstance(val, torch.Tensor):
+                static[key].copy_(val)
+        poison_(out.output_token_ids)
+        poison_(out.num_accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = run_op(c, "cpu")
+        assert torch.equal(out.output_token_ids.cpu(), want.output_token_ids)
+        assert torch.equal(out.num_accepted.cpu(), want.num_accepted)
+        assert torch.equal(out.accepted_per_position.cpu(), want.accepted_per_position)
+
+
+@requires_cuda
+@pytest.mark.parametrize("vocab", [111, 4097, 32000, 128256, 151936])
+def test_cuda_deterministic(vocab):
+    """A5: the same inputs 50 times give bit-identical outputs."""
+    gen = torch.Generator().manual_seed(vocab)
+    b = 16
+    counts = [7] * b
+    case = make_case(
+        counts, vocab, gen, dtype=torch.bfloat16, temps=[0.0, 0.6, 1.0, 1.4] * 4,
+        top_k=[0, 0, 40, 0] * 4, top_p=[1.0, 1.0, 0.9, 0.95] * 4, scale=1.0,
+    )  # fmt: skip
+    first = run_op(case, "cuda")
+    for _ in range(49):
+        again = run_op(case, "cuda")
+        for x, y in zip(first, again, strict=True):
+            assert torch.equal(x, y)
+    case["draft_probs"] = torch.softmax(torch.randn(sum(counts), vocab, generator=gen), dim=1)
+    first = run_op(case, "cuda")
+    for _ in range(10):
+        again = run_op(case, "cuda")
+        for x, y in zip(first, again, strict=True):
+            assert torch.equal(x, y)
