@@ -31,11 +31,17 @@ def make_target(
     kind: str = "llama",
     seed: int = 0,
     sharpen: float = 0.5,
-    layer_scale: float = 0.5,
+    layer_scale: float = 0.3,
     max_position_embeddings: int = 256,
     eos_token_id: int | None = None,
+    constant_token: int | None = None,
 ):
-    """A tiny causal LM (float32) with mostly-bigram, clear-margin greedy behaviour."""
+    """A tiny causal LM (float32) with mostly-bigram, clear-margin greedy behaviour.
+
+    With ``constant_token`` every embedding shares a large common direction ``u`` and
+    ``lm_head[constant_token] = u``: the model then always predicts that token (and a drafter
+    built with the same ``constant_token`` always drafts it: full acceptance).
+    """
     common = dict(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
@@ -66,6 +72,10 @@ def make_target(
         # logits[v] = sharpen * <unit(E[g^-1(v)]), x / rms(x)>: argmax v = g(t) for x ~ E[t].
         w = torch.empty_like(model.lm_head.weight)
         w[g] = _unit_rows(e)
+        if constant_token is not None:
+            u = common_direction(seed)
+            e.add_(8.0 * u)
+            w[constant_token] = 2.0 * u
         model.lm_head.weight.copy_(w * sharpen)
         for layer in model.model.layers:
             for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -74,7 +84,6 @@ def make_target(
             layer.mlp.gate_proj.weight.normal_(0.0, 0.2, generator=gen)
             layer.mlp.up_proj.weight.normal_(0.0, 0.2, generator=gen)
             layer.mlp.down_proj.weight.normal_(0.0, 0.1 * layer_scale, generator=gen)
-    model.config.bigram = g.tolist()  # recorded for drafter construction
     return model.eval(), g
 
 
@@ -116,15 +125,21 @@ def drafter_config_dict(
     return d
 
 
+def common_direction(seed: int) -> torch.Tensor:
+    return _unit_rows(torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed + 3)))
+
+
 def make_drafter(
     target: torch.nn.Module,
     g: torch.Tensor,
     seed: int = 0,
     parallel: bool = True,
     sharpen: float = 0.5,
+    constant_token: int | None = None,
     **cfg_kw,
 ) -> Eagle3Drafter:
-    """A drafter that mostly predicts ``g(g(t_p))`` from the target features of position p."""
+    """A drafter that mostly predicts ``g(g(t_p))`` from the target features of position p
+    (always ``constant_token`` if given)."""
     cfg = DrafterConfig.from_dict(drafter_config_dict(**cfg_kw))
     gen = torch.Generator().manual_seed(seed + 7)
     d = Eagle3Drafter(cfg, with_mask_hidden=parallel)
@@ -143,5 +158,38 @@ def make_drafter(
         gg = g[g]
         w = torch.empty_like(d.lm_head.weight)
         w[gg] = _unit_rows(target.model.embed_tokens.weight)
+        if constant_token is not None:
+            u = common_direction(seed)
+            w[constant_token] = 8.0 * u
+            if d.mask_hidden is not None:
+                d.mask_hidden.copy_(torch.cat([u, u, u]).view(1, 1, -1) * 8.0)
         d.lm_head.weight.copy_(w * sharpen)
     return d.eval()
+
+
+def word(i: int) -> str:
+    return {0: "<unk>", 1: "<eos>"}.get(i, f"w{i}")
+
+
+def make_tokenizer(chat_template: str | None = None):
+    """A word-level tokenizer over ``VOCAB`` words (``<unk>``, ``<eos>``, ``w2`` ...)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({word(i): i for i in range(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
+def save_pair(tmp_path, kind="llama", parallel=True, chat_template=None, **target_kw):
+    """Save a target (+ tokenizer) and a drafter under ``tmp_path``; returns their paths and the
+    in-memory target model."""
+    model, g = make_target(kind, **target_kw)
+    tdir, ddir = tmp_path / "target", tmp_path / "drafter"
+    model.save_pretrained(tdir)
+    make_tokenizer(chat_template).save_pretrained(tdir)
+    make_drafter(model, g, parallel=parallel).save_pretrained(ddir)
+    return tdir, ddir, model

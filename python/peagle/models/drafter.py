@@ -321,7 +321,8 @@ class Eagle3Drafter(nn.Module):
         Raises:
             FileNotFoundError: no ``config.json`` or no safetensors file.
             ValueError: unknown architecture, unexpected or wrongly shaped tensors, missing
-                tensors that cannot be shared.
+                tensors that cannot be shared (a missing ``o_proj.bias`` of a checkpoint with
+                ``attention_bias`` is zero, as in vLLM).
         """
         path = Path(path)
         if not (path / "config.json").is_file():
@@ -347,6 +348,10 @@ class Eagle3Drafter(nn.Module):
         with torch.device("meta"):
             model = cls(cfg, with_mask_hidden="mask_hidden" in state, with_t2d="t2d" in state)
         expected = model.state_dict()
+        for k, v in expected.items():
+            # Checkpoints with q/k/v biases may lack the o_proj bias; vLLM leaves it at zero.
+            if k.endswith("o_proj.bias") and k not in state:
+                state[k] = torch.zeros(v.shape, dtype=torch.float32)
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if missing or unexpected:

@@ -8,6 +8,7 @@ with.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,7 @@ class DrafterConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``config.json`` dictionary: the loaded one with peagle's fields updated."""
-        d = dict(self.raw)
+        d = copy.deepcopy(self.raw)
         d["architectures"] = [ARCHITECTURE]
         d.setdefault("model_type", "llama")
         for k in _LLAMA_FIELDS:
@@ -152,5 +153,5 @@ class DrafterConfig:
 
     def llama_config(self) -> LlamaConfig:
         """A transformers ``LlamaConfig`` for the decoder layers (norms, MLP, rotary)."""
-        kw = {k: getattr(self, k) for k in _LLAMA_FIELDS}
+        kw = {k: copy.deepcopy(getattr(self, k)) for k in _LLAMA_FIELDS}  # transformers edits
         return LlamaConfig(**kw)
