@@ -7,12 +7,13 @@ exact token-for-token comparison is meaningful (a mismatch is a bug, not a near-
 
 from __future__ import annotations
 
-import peagle.models.paged as paged
 import pytest
 import torch
+from tiny_models import VOCAB, make_drafter, make_target
+
+import peagle.models.paged as paged
 from peagle.decode import SamplingParams, SpecDecoder
 from peagle.models import TargetRunner
-from tiny_models import VOCAB, make_drafter, make_target
 
 PROMPTS = [[5], [11, 3, 60], [42, 17, 8, 90, 33, 2, 71], [9, 9, 9, 4, 4, 4, 66, 2, 2, 13, 58, 7]]
 N = 20

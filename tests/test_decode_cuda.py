@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import requires_cuda
+from tiny_models import make_drafter, make_target
+
 from peagle.decode import SamplingParams, SpecDecoder
 from peagle.models import TargetRunner
-from tiny_models import make_drafter, make_target
 
 pytestmark = requires_cuda
 

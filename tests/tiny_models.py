@@ -11,8 +11,9 @@ features, so its NTP drafts are usually right and deeper drafts sometimes: every
 from __future__ import annotations
 
 import torch
-from peagle.models import DrafterConfig, Eagle3Drafter
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from peagle.models import DrafterConfig, Eagle3Drafter
 
 VOCAB = 97  # odd on purpose
 HIDDEN = 64
