@@ -138,8 +138,11 @@ class SpecDecoder:
                     f"num_speculative_tokens must be >= 1 for method {method!r}, got "
                     f"{num_speculative_tokens}"
                 )
-            if drafter.device != self.device:
-                raise ValueError(f"drafter on {drafter.device}, target on {self.device}")
+            if drafter.device != self.device or drafter.dtype != target.dtype:
+                raise ValueError(
+                    f"drafter ({drafter.device}, {drafter.dtype}) and target ({self.device}, "
+                    f"{target.dtype}) must share device and dtype"
+                )
             drafter.check_target(target.hidden_size, target.vocab_size)
             if drafter.config.aux_layer_ids is not None:
                 target.set_aux_layer_ids(drafter.config.aux_layer_ids)
