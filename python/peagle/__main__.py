@@ -1,5 +1,7 @@
-"""`python -m peagle ...` is the same as the `peagle` command."""
+"""``python -m peagle ...`` is the same as the ``peagle`` command (see :mod:`peagle.cli`)."""
+
+import sys
 
 from peagle.cli import main
 
-main()
+sys.exit(main())

@@ -1,27 +1,36 @@
-"""The `peagle` command line: `peagle demo` (more subcommands are added as they land)."""
+"""The ``peagle`` command line (also ``python -m peagle``): ``peagle generate``, ``peagle demo``.
+
+Each subcommand lives in ``peagle.commands.<name>`` and provides ``add_parser(subparsers)`` and
+``run(args) -> int``; add a new one by appending it to ``COMMANDS``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
+
+COMMANDS = ("generate", "demo")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="peagle",
-        description="P-EAGLE parallel speculative decoding (peagle).",
-        epilog="example: peagle demo --device cpu",
+        description="P-EAGLE parallel speculative decoding on peagle's fused ops.",
+        epilog="examples: peagle generate --help; peagle demo --device cpu",
     )
-    sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run one P-EAGLE step through every op on sample inputs",
-                   add_help=False)  # fmt: skip
-    args, rest = ap.parse_known_args(argv)
-    if args.command == "demo":
-        from peagle.demo import main as demo_main
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"peagle.commands.{name}").add_parser(sub)
+    return parser
 
-        demo_main(rest)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args) or 0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``peagle`` command line (one module each, see :mod:`peagle.cli`)."""

@@ -1,0 +1,42 @@
+"""Load a target model and its drafter as a matching pair."""
+
+from __future__ import annotations
+
+import torch
+
+from peagle.models.drafter import Eagle3Drafter
+from peagle.models.target import TargetRunner
+
+
+def load_model_pair(
+    model: str,
+    draft_model: str | None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[TargetRunner, Eagle3Drafter | None]:
+    """Load the target (transformers) and the drafter (``config.json`` + safetensors).
+
+    The target's auxiliary layers come from the drafter's
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` (default ``[2, L//2, L-3]``). A drafter
+    without its own ``embed_tokens`` / ``lm_head`` (some EAGLE-3 heads) borrows the target's.
+    The drafter gets the target's dtype unless ``dtype`` is given.
+
+    Raises:
+        ValueError / FileNotFoundError: unsupported target, malformed drafter checkpoint, or a
+            drafter that does not fit the target (hidden size, vocabulary).
+    """
+    target = TargetRunner.from_pretrained(model, dtype=dtype, device=device)
+    if draft_model is None:
+        return target, None
+    drafter = Eagle3Drafter.from_pretrained(
+        draft_model,
+        dtype=dtype or target.dtype,
+        device=device,
+        shared_embed_tokens=target.embed_tokens.weight.detach(),
+        shared_lm_head=target.lm_head.weight.detach(),
+    )
+    drafter.check_target(target.hidden_size, target.vocab_size)
+    if drafter.config.aux_layer_ids is not None:
+        target.set_aux_layer_ids(drafter.config.aux_layer_ids)
+    return target, drafter

@@ -1,0 +1,127 @@
+"""``peagle generate`` on a tiny saved target/drafter pair (CPU, no downloads)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny_models import make_tokenizer, save_pair, word
+
+from peagle.cli import main
+
+CHAT = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_pair(tmp_path_factory.mktemp("pair"))
+
+
+def greedy_ids(model, prompt_ids, n, eos=None):
+    """transformers' greedy continuation, cut after the first ``eos``."""
+    x = torch.tensor([prompt_ids])
+    mask = torch.ones_like(x)  # explicit: token 0 must not be taken for padding
+    out = model.generate(x, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    ids = out[0, len(prompt_ids) :].tolist()
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+def greedy_text(model, prompt_ids, n, eos=None):
+    return " ".join(word(t) for t in greedy_ids(model, prompt_ids, n, eos) if t > 1)
+
+
+def run_cli(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    rc = main(["generate", *argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_generate_json_matches_greedy(pair, capsys):
+    tdir, ddir, model = pair
+    prompts = ["w5 w7 w9", "w11 w3 w60 w2"]
+    argv = ["--model", str(tdir), "--draft-model", str(ddir), "-k", "3", "--max-new-tokens", "12"]
+    argv += ["--json", "--seed", "0", "--device", "cpu"]
+    for p in prompts:
+        argv += ["--prompt", p]
+    rc, out, _ = run_cli(argv, capsys)
+    assert rc == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 2
+    tok = make_tokenizer()
+    for p, rec in zip(prompts, records, strict=True):
+        for key in ("text", "num_generated_tokens", "acceptance_length", "tokens_per_second"):
+            assert key in rec
+        assert rec["prompt"] == p
+        expect = greedy_ids(model, tok(p)["input_ids"], 12, eos=1)  # <eos> is id 1
+        assert rec["token_ids"] == expect and rec["num_generated_tokens"] == len(expect)
+        assert rec["finish_reason"] == ("stop" if expect[-1] == 1 else "length")
+        assert rec["text"] == greedy_text(model, tok(p)["input_ids"], 12, eos=1)
+        assert 1.0 <= rec["acceptance_length"] <= 4.0 and rec["tokens_per_second"] > 0
+
+
+@pytest.mark.parametrize("method", ["eagle3", "none"])
+def test_generate_methods_agree(pair, capsys, method):
+    tdir, ddir, model = pair
+    argv = ["--model", str(tdir), "--method", method, "--prompt", "w8 w1 w20", "--json"]
+    argv += ["--max-new-tokens", "9", "--chat-template", "none", "--ignore-eos"]
+    if method != "none":
+        argv += ["--draft-model", str(ddir), "-k", "2"]
+    rc, out, _ = run_cli(argv, capsys)
+    rec = json.loads(out)
+    assert rc == 0 and rec["num_generated_tokens"] == 9
+    ids = make_tokenizer()("w8 w1 w20")["input_ids"]
+    assert rec["text"] == greedy_text(model, ids, 9)
+    if method == "none":
+        assert rec["acceptance_length"] == 1.0
+
+
+def test_prompts_from_stdin_and_file(pair, capsys, monkeypatch, tmp_path):
+    tdir, ddir, _ = pair
+    base = ["--model", str(tdir), "--draft-model", str(ddir), "--max-new-tokens", "4"]
+    rc, out, err = run_cli(base, capsys, stdin="w5 w6\n\nw7 w8 w9\n", monkeypatch=monkeypatch)
+    assert rc == 0 and out.count("=== [") == 2 and "acceptance length" in err
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "w5 w6"}\n"w9"\n{"text": "w10 w11"}\n')
+    rc, out, _ = run_cli(base + ["--prompts-file", str(f), "--json"], capsys)
+    assert [json.loads(x)["prompt"] for x in out.splitlines()] == ["w5 w6", "w9", "w10 w11"]
+
+
+def test_chat_template_auto(tmp_path, capsys):
+    tdir, ddir, model = save_pair(tmp_path, chat_template=CHAT)
+    argv = ["--model", str(tdir), "--draft-model", str(ddir), "--prompt", "w50", "--json"]
+    argv += ["--max-new-tokens", "5", "--ignore-eos"]
+    rc, out, _ = run_cli(argv, capsys)
+    ids = make_tokenizer()("w3 w50 w4")["input_ids"]  # what the template renders
+    assert json.loads(out)["text"] == greedy_text(model, ids, 5)
+    rc, out2, _ = run_cli(argv + ["--chat-template", "none"], capsys)
+    assert json.loads(out2)["text"] == greedy_text(model, make_tokenizer()("w50")["input_ids"], 5)
+
+
+def test_cli_errors(pair, capsys, tmp_path):
+    tdir, ddir, _ = pair
+    with pytest.raises(SystemExit, match="--model is required"):
+        main(["generate", "--prompt", "w5"])
+    with pytest.raises(SystemExit, match="needs --draft-model"):
+        main(["generate", "--model", str(tdir), "--prompt", "w5"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["generate", "--model", str(tdir), "--method", "none", "--prompts-file", "nope"])
+    save_pair(tmp_path, parallel=False)
+    with pytest.raises(SystemExit, match="mask_hidden"):
+        main(["generate", "--model", str(tdir), "--draft-model", str(tmp_path / "drafter"),
+              "--prompt", "w5"])  # fmt: skip
+
+
+def test_python_m_help():
+    res = subprocess.run(
+        [sys.executable, "-m", "peagle", "generate", "--help"], capture_output=True, text=True
+    )
+    assert res.returncode == 0
+    for flag in ("--draft-model", "--prompts-file", "--num-speculative-tokens", "--json"):
+        assert flag in res.stdout
+    assert "examples:" in res.stdout
