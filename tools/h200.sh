@@ -7,6 +7,10 @@ OUT=${OUT:-/tmp/peagle-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 build() {
+  # The image sets CXX to a newer GCC (/opt/gcc) whose libstdc++ headers do not match the system
+  # libstdc++ torch runs with (iostream/locale code then crashes while formatting an error).
+  # Build with the compiler torch was built with (GCC 13.3 = /usr/bin/g++ there).
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
   python3 -m pip install -q --no-index --no-deps --target /tmp/deps .deps/nvidia_cutlass-4.2.0.0-py3-none-any.whl || true
   export PEAGLE_CUTLASS_INCLUDE=/tmp/deps/cutlass_library/source/include
   local t0=$(date +%s)
