@@ -84,7 +84,8 @@ class Case:
         v = self.value_cache[idx].flatten(1, 2)[:, : self.kv].transpose(1, 2).contiguous()
         return k, v
 
-    def peagle(self, s):
+    def peagle(self, i):
+        s = i % len(self.queries)
         return peagle.paged_attention(
             self.queries[s], self.key_cache, self.value_cache, self.tables[s], self.qsl,
             self.seq_lens, softmax_scale=self.scale, max_query_len=Q_LEN, out=self.outs[s],

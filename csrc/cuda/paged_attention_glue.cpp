@@ -25,10 +25,11 @@ void paged_attention_cuda(const at::Tensor& query, const at::Tensor& key_cache,
                           double softmax_scale, int64_t max_query_len, const at::Tensor& out,
                           const c10::optional<at::Tensor>& lse, int64_t window_left,
                           const c10::optional<at::Tensor>& sinks, int64_t num_splits) {
-  const c10::cuda::CUDAGuard guard(query.device());
   auto bound =
       bind_paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                            softmax_scale, max_query_len, out, lse, window_left, sinks, num_splits);
+  // After the checks: a mixed-device call must report the argument, not fail in the guard.
+  const c10::cuda::CUDAGuard guard(query.device());
   PagedAttentionParams& p = bound.params;
   if (p.num_tokens == 0) return;  // B == 0 and T == 0, or T == 0 (EDGE_CASES B2)
   p.num_sms = device_sm_count(query.device().index());

@@ -24,7 +24,6 @@ void prepare_draft_inputs_cuda(
     const at::Tensor& new_query_start_loc, const at::Tensor& new_seq_lens,
     const at::Tensor& next_token_ids, const at::Tensor& valid_sampled_tokens_count,
     const c10::optional<at::Tensor>& hidden_states) {
-  const c10::cuda::CUDAGuard guard(target_token_ids.device());
   auto bound = bind_prepare_draft_inputs(
       target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
       discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
@@ -33,6 +32,8 @@ void prepare_draft_inputs_cuda(
       positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping,
       new_query_start_loc, new_seq_lens, next_token_ids, valid_sampled_tokens_count,
       hidden_states);
+  // After the checks: a mixed-device call must report the argument, not fail in the guard.
+  const c10::cuda::CUDAGuard guard(target_token_ids.device());
   C10_CUDA_CHECK(launch_prepare_draft_inputs(bound.params, c10::cuda::getCurrentCUDAStream()));
 }
 

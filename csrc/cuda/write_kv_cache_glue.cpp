@@ -13,8 +13,9 @@ namespace {
 void write_kv_cache_cuda(const at::Tensor& key, const at::Tensor& value,
                          const at::Tensor& key_cache, const at::Tensor& value_cache,
                          const at::Tensor& slot_mapping) {
-  const c10::cuda::CUDAGuard guard(key.device());
   auto bound = bind_write_kv_cache(key, value, key_cache, value_cache, slot_mapping);
+  // After the checks: a mixed-device call must report the argument, not fail in the guard.
+  const c10::cuda::CUDAGuard guard(key.device());
   C10_CUDA_CHECK(launch_write_kv_cache(bound.params, c10::cuda::getCurrentCUDAStream()));
 }
 

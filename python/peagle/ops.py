@@ -40,8 +40,12 @@ __all__ = [
 ]
 
 
+_DEBUG_CHECKS = os.environ.get("PEAGLE_DEBUG_CHECKS", "0") not in ("", "0")
+
+
 def _debug_checks_enabled() -> bool:
-    return os.environ.get("PEAGLE_DEBUG_CHECKS", "0") not in ("", "0")
+    """``PEAGLE_DEBUG_CHECKS`` is read once at import (the wrappers sit on the hot path)."""
+    return _DEBUG_CHECKS
 
 
 def _debug_check_on_cpu(op, args: list) -> None:

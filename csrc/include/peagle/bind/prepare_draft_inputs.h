@@ -180,7 +180,7 @@ inline BoundPrepareDraftInputs bind_prepare_draft_inputs(
     check_device(mh, "mask_hidden", target_token_ids, "target_token_ids");
     check_device(oh, "hidden_states", target_token_ids, "target_token_ids");
     const at::Tensor thc = th.stride(1) == 1 ? th : in(th);
-    const at::Tensor mhc = in(mh.reshape({h}));
+    const at::Tensor mhc = mh.is_contiguous() ? mh : in(mh);  // [H] or [1, 1, H]: H contiguous values
     const int64_t esize = th.element_size();
     p.target_hidden = static_cast<const char*>(thc.data_ptr());
     p.target_hidden_stride = thc.stride(0) * esize;
