@@ -108,6 +108,11 @@ def copy_ceiling_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
 
 
 def git_commit() -> str:
+    """The measured commit: $PEAGLE_COMMIT (set it where the tree has no .git), else git."""
+    import os
+
+    if os.environ.get("PEAGLE_COMMIT"):
+        return os.environ["PEAGLE_COMMIT"]
     try:
         root = Path(__file__).resolve().parent.parent
         out = subprocess.run(
