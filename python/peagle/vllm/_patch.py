@@ -1,0 +1,269 @@
+"""Installs (and removes) the adapter's hooks in an imported vLLM.
+
+Hooks, all on vLLM 0.28's V1 model-runner classes (the path P-EAGLE runs on: 0.28's V2 runner
+rejects ``parallel_drafting`` for EAGLE and falls back to V1 itself):
+
+* ``SpecDecodeBaseProposer.__init__`` and ``RejectionSampler.__init__`` are wrapped to decide once
+  per object whether it uses peagle (:func:`proposer_plan` / :func:`sampler_plan`), logging the
+  activation line or the single fallback warning.
+* ``SpecDecodeBaseProposer.set_inputs_first_pass``: peagle's fused op for a peagle proposer,
+  vLLM's method otherwise (and for any call the op does not take).
+* ``SpecDecodeBaseProposer.prepare_next_token_ids_padded``: sets a context flag so that the
+  module-level ``eagle_prepare_next_token_padded_kernel`` stand-in runs the peagle op.
+* ``RejectionSampler.forward``: sets a context flag so that the module-level ``rejection_sample``
+  stand-in runs ``verify_chain``.
+
+Only class attributes and two module globals are replaced; :func:`disable` restores them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from peagle.vllm import _settings as st
+from peagle.vllm import proposer as prop
+from peagle.vllm import sampler as samp
+
+_originals: dict[tuple[Any, str], Any] = {}
+
+
+def is_patched() -> bool:
+    return bool(_originals)
+
+
+def _replace(owner: Any, name: str, value: Any) -> None:
+    _originals.setdefault((owner, name), owner.__dict__[name])
+    setattr(owner, name, value)
+
+
+def disable() -> None:
+    """Restore every vLLM attribute the adapter replaced (objects already built keep their
+    decision flags, which the restored vLLM code ignores)."""
+    for (owner, name), value in list(_originals.items()):
+        setattr(owner, name, value)
+    _originals.clear()
+
+
+def has_kernel_for(device: torch.device | str | None) -> bool:
+    """Whether the peagle ops have a kernel for ``device``'s type in this build."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(kind)
+    if key is None:
+        return False
+    return all(
+        torch._C._dispatch_has_kernel_for_dispatch_key(f"peagle::{op}", key)
+        for op in ("prepare_next_token_ids", "prepare_draft_inputs", "verify_chain")
+    )
+
+
+def _applies(spec: Any) -> bool:
+    """P-EAGLE in vLLM: ``method: eagle3`` with ``parallel_drafting: true``."""
+    return (
+        spec is not None
+        and getattr(spec, "method", None) == "eagle3"
+        and bool(getattr(spec, "parallel_drafting", False))
+    )
+
+
+def proposer_plan(p: Any) -> str | None:
+    """Why proposer ``p`` cannot use peagle (None: it does). Called once, after vLLM's init."""
+    if getattr(p, "speculative_config", None) is not None and getattr(
+        p.speculative_config, "speculative_token_tree", None
+    ):
+        return "tree drafting (speculative_token_tree) is not supported"
+    if not p.pass_hidden_states_to_model or p.net_num_new_slots_per_request != (
+        p.num_speculative_tokens - 1
+    ):
+        return "the proposer is not an EAGLE (hidden-state) parallel drafter"
+    if not p.needs_extra_input_slots:
+        return "num_speculative_tokens=1 (vLLM drafts it as plain EAGLE)"
+    if p.uses_mrope or (p.uses_xdrope_dim > 0 and p.draft_uses_xdrope_dim > 0):
+        return "M-RoPE / XD-RoPE positions are not supported"
+    if p.use_heterogeneous_vocab:
+        return "use_heterogeneous_vocab is not supported"
+    if p.speculative_config.disable_padded_drafter_batch:
+        return "disable_padded_drafter_batch=True is not supported"
+    if p.hidden_states.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"drafter dtype {p.hidden_states.dtype} is not supported"
+    if not has_kernel_for(p.device):
+        return f"this peagle build has no kernels for device {p.device}"
+    return None
+
+
+def sampler_plan(spec: Any, use_fp64_gumbel: bool, synthetic: bool, device: Any) -> str | None:
+    """Why a RejectionSampler cannot use peagle (None: it does)."""
+    if synthetic or getattr(spec, "rejection_sample_method", "standard") != "standard":
+        return f"rejection_sample_method={spec.rejection_sample_method!r} is not supported"
+    if use_fp64_gumbel:
+        return "use_fp64_gumbel=True (float64 exponentials) is not supported"
+    if not has_kernel_for(device):
+        return f"this peagle build has no kernels for device {device}"
+    return None
+
+
+def _fallback(kind: str, reason: str) -> None:
+    st.warn_once(
+        f"fallback:{kind}:{reason}",
+        f"peagle: vLLM P-EAGLE {kind} stays on vLLM's own code: {reason} "
+        f"(set {st.ENV_SWITCH}=0 to silence)",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Proposer hooks
+# --------------------------------------------------------------------------------------------
+
+
+def _wrap_proposer_init(orig):
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        self._peagle_active = False
+        if not _applies(getattr(self, "speculative_config", None)) or not st.switch_on():
+            return
+        reason = proposer_plan(self)
+        if reason is not None:
+            _fallback("draft-input preparation", reason)
+            return
+        self._peagle_active = True
+        st.info_once(
+            "active:proposer",
+            "peagle: vLLM adapter active: P-EAGLE draft-input preparation runs on "
+            "torch.ops.peagle.prepare_next_token_ids / prepare_draft_inputs "
+            f"(K={self.num_speculative_tokens}, device {self.device})",
+        )
+
+    return __init__
+
+
+def _wrap_set_inputs_first_pass(orig):
+    @functools.wraps(orig)
+    def set_inputs_first_pass(
+        self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+        token_indices_to_sample, cad, num_rejected_tokens_gpu,
+    ):  # fmt: skip
+        if getattr(self, "_peagle_active", False):
+            reason = prop.call_supported(
+                self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+                cad,
+            )  # fmt: skip
+            if reason is None:
+                return prop.set_inputs_first_pass(
+                    self, target_token_ids, next_token_ids, target_positions,
+                    target_hidden_states, cad, num_rejected_tokens_gpu,
+                )  # fmt: skip
+            _fallback("draft-input preparation", reason)
+        return orig(
+            self, target_token_ids, next_token_ids, target_positions, target_hidden_states,
+            token_indices_to_sample, cad, num_rejected_tokens_gpu,
+        )  # fmt: skip
+
+    return set_inputs_first_pass
+
+
+def _wrap_prepare_next_token_ids_padded(orig):
+    @functools.wraps(orig)
+    def prepare_next_token_ids_padded(self, *args, **kwargs):
+        token = prop.stage_a_active().set(getattr(self, "_peagle_active", False))
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            prop.stage_a_active().reset(token)
+
+    return prepare_next_token_ids_padded
+
+
+# --------------------------------------------------------------------------------------------
+# Sampler hooks
+# --------------------------------------------------------------------------------------------
+
+
+def _wrap_sampler_init(orig):
+    @functools.wraps(orig)
+    def __init__(self, sampler, spec_config=None, device=None, *args, **kwargs):
+        orig(self, sampler, spec_config, device, *args, **kwargs)
+        self._peagle_active = False
+        if not _applies(spec_config) or not st.switch_on():
+            return
+        reason = sampler_plan(spec_config, self.use_fp64_gumbel, self.synthetic_mode, device)
+        if reason is not None:
+            _fallback("chain verification", reason)
+            return
+        self._peagle_active = True
+        st.info_once(
+            "active:sampler",
+            "peagle: vLLM adapter active: P-EAGLE chain rejection sampling runs on "
+            f"torch.ops.peagle.verify_chain (device {device})",
+        )
+
+    return __init__
+
+
+def _wrap_sampler_forward(orig):
+    @functools.wraps(orig)
+    def forward(self, *args, **kwargs):
+        token = samp.sampler_active().set(getattr(self, "_peagle_active", False))
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            samp.sampler_active().reset(token)
+
+    return forward
+
+
+def _make_rejection_sample(orig):
+    @functools.wraps(orig)
+    def rejection_sample(
+        draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+        target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
+        synthetic_conditional_rates=None, use_fp64_gumbel=False,
+    ):  # fmt: skip
+        if samp.sampler_active().get() and not synthetic_mode and not use_fp64_gumbel:
+            reason = samp.call_supported(draft_probs, target_logits, bonus_token_ids)
+            if reason is None:
+                return samp.rejection_sample(
+                    draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                    draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                )  # fmt: skip
+            _fallback("chain verification", reason)
+        return orig(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+            target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode,
+            synthetic_conditional_rates=synthetic_conditional_rates,
+            use_fp64_gumbel=use_fp64_gumbel,
+        )  # fmt: skip
+
+    return rejection_sample
+
+
+def install() -> None:
+    """Replace the vLLM attributes listed in the module docstring (idempotent)."""
+    if is_patched():
+        return
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.spec_decode import llm_base_proposer as lbp
+
+    base = lbp.SpecDecodeBaseProposer
+    _replace(base, "__init__", _wrap_proposer_init(base.__dict__["__init__"]))
+    _replace(
+        base,
+        "set_inputs_first_pass",
+        _wrap_set_inputs_first_pass(base.__dict__["set_inputs_first_pass"]),
+    )
+    _replace(
+        base,
+        "prepare_next_token_ids_padded",
+        _wrap_prepare_next_token_ids_padded(base.__dict__["prepare_next_token_ids_padded"]),
+    )
+    _replace(
+        lbp,
+        "eagle_prepare_next_token_padded_kernel",
+        prop.StageAKernel(lbp.eagle_prepare_next_token_padded_kernel),
+    )
+    cls = rs.RejectionSampler
+    _replace(cls, "__init__", _wrap_sampler_init(cls.__dict__["__init__"]))
+    _replace(cls, "forward", _wrap_sampler_forward(cls.__dict__["forward"]))
+    _replace(rs, "rejection_sample", _make_rejection_sample(rs.rejection_sample))

@@ -1,0 +1,71 @@
+"""The adapter's switch, tested vLLM range, and its one-time log lines (no vLLM import here)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+# PEAGLE_VLLM=1 (default) lets the adapter take over vLLM's P-EAGLE path when it applies;
+# PEAGLE_VLLM=0 leaves vLLM untouched (the plugin then installs nothing).
+ENV_SWITCH = "PEAGLE_VLLM"
+DEFAULT_SWITCH = "1"
+
+# vLLM releases the adapter was written and tested against: >= 0.28.0, < 0.29.
+TESTED_VLLM_MIN = (0, 28, 0)
+TESTED_VLLM_BELOW = (0, 29, 0)
+TESTED_VLLM_RANGE = ">=0.28.0,<0.29"
+
+# A child of vLLM's "vllm" logger, so the lines appear in vLLM's own log output.
+logger = logging.getLogger("vllm.peagle")
+
+_said: set[str] = set()
+
+
+def switch_on() -> bool:
+    """``PEAGLE_VLLM``: ``1`` (default, also when unset or empty) or ``0``; other values warn."""
+    value = os.environ.get(ENV_SWITCH, DEFAULT_SWITCH).strip() or DEFAULT_SWITCH
+    if value in ("0", "1"):
+        return value == "1"
+    warn_once(
+        f"switch:{value}",
+        f"peagle: {ENV_SWITCH}={value!r} is not 0 or 1; using the default {DEFAULT_SWITCH}",
+    )
+    return DEFAULT_SWITCH == "1"
+
+
+def parse_version(version: str) -> tuple[int, int, int] | None:
+    """``"0.28.0"`` -> ``(0, 28, 0)``, ``"0.28.1.dev3+g12"`` -> ``(0, 28, 1)``; None: unparsable."""
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def version_tested(version: str) -> bool:
+    """True iff ``version`` lies in :data:`TESTED_VLLM_RANGE` (pre-releases of 0.28.0 do not)."""
+    v = parse_version(version)
+    if v is None:
+        return False
+    if re.search(r"(rc|a|b|dev)\d*", version.split("+")[0]) and v == TESTED_VLLM_MIN:
+        return False  # e.g. 0.28.0rc1 precedes the tested release
+    return TESTED_VLLM_MIN <= v < TESTED_VLLM_BELOW
+
+
+def warn_once(key: str, message: str) -> None:
+    """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+    if key not in _said:
+        _said.add(key)
+        logger.warning(message)
+
+
+def info_once(key: str, message: str) -> None:
+    """Log ``message`` at INFO the first time ``key`` is seen in this process."""
+    if key not in _said:
+        _said.add(key)
+        logger.info(message)
+
+
+def forget_messages() -> None:
+    """Let every one-time message be logged again (tests)."""
+    _said.clear()
