@@ -69,10 +69,19 @@ def verify_chain_cases() -> None:
         ),  # fmt: skip
         dict(counts=[2, 5], vocab=4097, temps=1.0, draft_probs=True),
         dict(counts=[7] * 3, vocab=201088, temps=[0.0, 0.7, 1.2], dtype=torch.bfloat16),
-    ]
+        # vLLM parity inputs: given bonus ids (bonus rows never read), exponential race.
+        dict(counts=[3, 0, 5, 2], vocab=1001, temps=[0.0, 0.9, 1.1, 0.6], exp_race=True,
+             bonus_ids=True, top_k=[0, 7, 0, 30], top_p=[1.0, 0.8, 0.9, 1.0]),
+        dict(counts=[4, 6], vocab=3001, temps=0.8, draft_probs=True, exp_race=True),
+    ]  # fmt: skip
     for c in cases:
         kw = dict(c)
+        exp_race, bonus_ids = kw.pop("exp_race", False), kw.pop("bonus_ids", False)
         case = make_case(kw.pop("counts"), kw.pop("vocab"), g, **kw)
+        if exp_race:
+            case["exponentials"] = torch.empty(case.b, case.vocab).exponential_(generator=g)
+        if bonus_ids:
+            case["bonus_token_ids"] = torch.randint(0, case.vocab, (case.b,), generator=g).int()
         gpu = run_op(case, "cuda")
         check_invariants(gpu, case)
         cpu = run_op(case, "cpu")

@@ -312,7 +312,10 @@ __global__ void __launch_bounds__(kStatsThreads)
     if (threadIdx.x == 0) {
       const int32_t r = request_of_row(p, row);
       const float t = p.temperature[r];
-      s_mode = !request_is_real(p, r) ? 0 : (is_greedy_temperature(t) ? 1 : 2);
+      const RequestSpan span = request_span(p.cu_num_draft_tokens, r, p.num_draft_tokens);
+      const bool bonus_given =
+          p.bonus_token_ids != nullptr && row == span.first_row + span.num_drafts;
+      s_mode = !request_is_real(p, r) || bonus_given ? 0 : (is_greedy_temperature(t) ? 1 : 2);
       s_inv_t = s_mode == 2 ? inverse_temperature(t) : 1.0f;
     }
     __syncthreads();
@@ -682,7 +685,9 @@ __global__ void __launch_bounds__(kDecideThreads)
           // Row j < n: draft row; j == n: the bonus row.
           const int64_t row = span.first_row + (j < n ? j : span.num_drafts);
           int32_t acc = 0;
-          if (greedy) {
+          if (j == n && p.bonus_token_ids != nullptr) {
+            // The bonus token is given: its row was skipped by row_stats and is never read.
+          } else if (greedy) {
             const int32_t a = row_argmax_gpu(parts, nsplit, row);
             acc = j < n && drafts[j] == a;
             if (lane == 0) s_tok[j - c0] = a;
@@ -730,7 +735,9 @@ __global__ void __launch_bounds__(kDecideThreads)
             const int32_t j = fr >= 0 ? fr : n;  // the row that yields the last token
             Decision dec = s_dec;
             dec.accepted = j;
-            if (greedy) {
+            if (fr < 0 && p.bonus_token_ids != nullptr) {
+              s_last = p.bonus_token_ids[r];  // mode stays kModeDone
+            } else if (greedy) {
               s_last = s_tok[j - c0];
             } else {
               const RowDistGpu d = s_dist[j - c0];
@@ -794,6 +801,30 @@ __global__ void __launch_bounds__(kSampleThreads)
     const char* rp = row_ptr(p, dec.row, Elem<D>::kSize);
     const float* q =
         dec.q_row >= 0 ? p.draft_probs + dec.q_row * p.draft_probs_row_stride : nullptr;
+    if (dec.mode == kModeRecovered && p.exponentials != nullptr) {
+      // vLLM's exponential race: argmax of residual / E over residual > 0, no noise.
+      const float* e_row = p.exponentials + r * p.exponentials_row_stride;
+      const int64_t vb = static_cast<int64_t>(p.vocab_size) * split / nsplit;
+      const int64_t ve = static_cast<int64_t>(p.vocab_size) * (split + 1) / nsplit;
+      ArgMax best = argmax_none();
+      for (int64_t v = vb + threadIdx.x; v < ve; v += blockDim.x) {
+        const float s = score_of(load_scalar<D>(rp, v), dec.inv_t);
+        const float pv = score_key(s) >= dec.key ? weight_of(s, dec.m) / dec.zf : 0.0f;
+        const float res = q != nullptr ? pv - __ldg(q + v) : (v == dec.exclude ? 0.0f : pv);
+        if (res > 0.0f) argmax_push(best, res / __ldg(e_row + v), static_cast<int32_t>(v));
+      }
+      best = warp_argmax(best);
+      const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+      if (lane == 0) s_warp[warp] = best;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        ArgMax t = s_warp[0];
+        for (int w = 1; w < kSampleThreads / kWarp; ++w) t = argmax_merge(t, s_warp[w]);
+        samples[r * nsplit + split] = t;
+      }
+      __syncthreads();
+      continue;
+    }
     // A lower bound on the winner's value when the row's maximum is itself a candidate.
     float bound = -INFINITY;
     if (q == nullptr && dec.first_max != dec.exclude && isfinite(dec.m)) bound = dec.m - kGumbelMin;

@@ -398,6 +398,8 @@ def verify_chain(
     draft_probs: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
     request_mask: torch.Tensor | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    exponentials: torch.Tensor | None = None,
     max_num_draft_tokens: int | None = None,
     return_accepted_per_position: bool = False,
     out: VerifyOutput | None = None,
@@ -423,7 +425,16 @@ def verify_chain(
     recovered token is drawn from ``normalize(max(p - q, 0))`` (``p`` with ``x`` removed when
     ``draft_probs`` is None) by Gumbel-max; if every draft is accepted, the bonus token is drawn
     from ``p`` of the bonus row. Ties go to the lowest index, an empty residual falls back to
-    the argmax of ``p``, and every emitted id is in ``[0, V)``.
+    the argmax of ``p``, and every sampled id is in ``[0, V)``.
+
+    vLLM parity (both optional, SPEC §6.4-6.6): ``bonus_token_ids`` replaces the bonus token of
+    every request whose drafts are all accepted (greedy and random; the bonus rows are then never
+    read, so they may hold anything); ``exponentials`` replaces the Gumbel noise of the recovered
+    token by vLLM v0.16's exponential race: ``argmax_v residual(v) / exponentials[r, v]``
+    (float32 division; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q,
+    0)`` with ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an
+    all-zero residual falls back to the argmax of ``p``). With ``uniforms`` as well, every random
+    draw comes from the caller, as in vLLM's rejection sampler.
 
     Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
     counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
@@ -453,6 +464,10 @@ def verify_chain(
         uniforms: ``[T]`` float64 acceptance draws overriding Philox (tests, vLLM parity).
         request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing and their
             per-request values are never read.
+        bonus_token_ids: ``[B]`` int32 bonus tokens sampled outside (vLLM's sampler output);
+            emitted as given (the CPU op checks ``0 <= id < V`` for real requests).
+        exponentials: ``[B, V]`` fp32 ``Exp(1)`` draws, one row per request (vLLM's ``q``); unit
+            stride along V.
         max_num_draft_tokens: output width minus one; default: max draft count (host sync).
         return_accepted_per_position: also return ``[B, max_n]`` bool, ``j < num_accepted``.
         out: preallocated outputs, fully overwritten (never accumulated).
@@ -465,8 +480,9 @@ def verify_chain(
     Raises:
         RuntimeError: shape/dtype/device mismatch (naming the argument); on CPU also
             inconsistent ``cu_num_draft_tokens`` (decreasing, not ending at T), more drafts than
-            ``max_n``, a negative/non-finite temperature, ``top_k < 0`` or ``top_p`` outside
-            (0, 1]. The CUDA op clamps instead (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
+            ``max_n``, a negative/non-finite temperature, ``top_k < 0``, ``top_p`` outside
+            (0, 1] or a ``bonus_token_ids`` entry outside ``[0, V)``. The CUDA op clamps instead
+            (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
     """
     b = cu_num_draft_tokens.shape[0]
     if out is None:
@@ -489,7 +505,7 @@ def verify_chain(
     args = [
         target_logits, draft_token_ids, cu_num_draft_tokens, temperature, seeds, offsets,
         out.output_token_ids, out.num_accepted, top_k, top_p, draft_probs, uniforms,
-        request_mask, out.accepted_per_position,
+        request_mask, out.accepted_per_position, bonus_token_ids, exponentials,
     ]  # fmt: skip
     _debug_check_on_cpu(_ops.verify_chain.default, args)
     _ops.verify_chain.default(*args)
