@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
 import peagle  # noqa: F401  (loads torch.ops.peagle)
 
 HAS_CUDA = torch.cuda.is_available()
+
+# The vLLM adapter tests (tests/vllm_env.py) run vLLM's Triton kernels on CPU tensors under the
+# Triton interpreter. Triton reads TRITON_INTERPRET when it is first imported (other tests may
+# import it through torch.compile first), so it is set here: only where vLLM is installed and no
+# GPU is visible (CUDA_VISIBLE_DEVICES must be set and empty for vLLM there).
+if importlib.util.find_spec("vllm") is not None and not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 # Every op is tested on CPU; CUDA tests run where a GPU is present and skip elsewhere.

@@ -396,11 +396,8 @@ def test_op_matches_vllm_shift_on_off(dirs, monkeypatch, method, k, parallel, se
 # --------------------------------------------------------------------------------------------
 
 
-def test_entry_point_is_registered_and_loaded_by_vllm(monkeypatch):
-    from importlib.metadata import entry_points
-
-    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "peagle"]
-    assert [e.value for e in eps] == ["peagle.vllm:register"]
+def test_vllm_loads_the_plugin(monkeypatch):
+    """vLLM's own plugin loader finds the entry point and installs the adapter."""
     peagle.vllm.disable()
     assert not peagle.vllm.is_enabled()
     monkeypatch.setattr(v.vllm.plugins, "plugins_loaded", False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import types
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def load_vllm() -> types.SimpleNamespace:
             "TRITON_INTERPRET=1 (CPU CI); this machine has a GPU",
             allow_module_level=True,
         )
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("triton was imported before TRITON_INTERPRET=1 was set (see conftest.py)")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -56,6 +59,7 @@ def load_vllm() -> types.SimpleNamespace:
     from vllm.v1.spec_decode import llm_base_proposer, utils
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
     from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
     # No pinned-memory allocator without an accelerator (vLLM asks for one at import time).
     llm_base_proposer.PIN_MEMORY = False
@@ -64,6 +68,7 @@ def load_vllm() -> types.SimpleNamespace:
         rejection_sampler=rejection_sampler, LogitsProcessors=LogitsProcessors,
         SamplingMetadata=SamplingMetadata, Sampler=Sampler, llm_base_proposer=llm_base_proposer,
         utils=utils, DraftModelProposer=DraftModelProposer, EagleProposer=EagleProposer,
+        SpecDecodeMetadata=SpecDecodeMetadata,
     )  # fmt: skip
 
 

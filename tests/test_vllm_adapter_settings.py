@@ -1,0 +1,104 @@
+"""The vLLM adapter without vLLM: import safety, the switch, the version range, the entry point.
+
+These run everywhere (also where vLLM is not installed, e.g. the GPU machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+import peagle.vllm
+from peagle.vllm import _settings as st
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+def test_peagle_never_imports_vllm_at_import_time():
+    r = run_python(
+        """
+        import sys
+        import peagle, peagle.ops, peagle.vllm
+        import peagle.vllm._patch, peagle.vllm.proposer, peagle.vllm.sampler
+        bad = sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))
+        assert not bad, bad
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_enable_without_vllm_is_a_warning_not_an_error():
+    r = run_python(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.INFO)
+        sys.modules["vllm"] = None  # makes `import vllm` raise ImportError
+        import peagle.vllm
+        assert peagle.vllm.enable() is False
+        peagle.vllm.register()  # the entry point never raises into vLLM
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "cannot import vllm" in r.stderr
+
+
+def test_switch_off_does_not_import_vllm():
+    r = run_python(
+        """
+        import sys
+        import peagle.vllm
+        assert peagle.vllm.enable() is False
+        assert "vllm" not in sys.modules
+        print("ok")
+        """,
+        PEAGLE_VLLM="0",
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_entry_point_is_registered():
+    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "peagle"]
+    assert [e.value for e in eps] == ["peagle.vllm:register"]
+    assert eps[0].load() is peagle.vllm.register
+
+
+@pytest.mark.parametrize(
+    "version,ok",
+    [("0.28.0", True), ("0.28.3", True), ("0.28.0+cu130", True), ("0.28.1.dev5+g12ab", True),
+     ("0.28.0rc1", False), ("0.28.0.dev3", False), ("0.27.1", False), ("0.29.0", False),
+     ("0.16.0", False), ("1.0.0", False), ("unknown", False), ("", False)],
+)  # fmt: skip
+def test_tested_version_range(version, ok):
+    assert st.version_tested(version) is ok
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("", True), ("1", True), ("0", False)])
+def test_switch_values(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(st.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(st.ENV_SWITCH, value)
+    assert st.switch_on() is on
+
+
+def test_switch_bad_value_warns_once_and_uses_default(monkeypatch, caplog):
+    st.forget_messages()
+    monkeypatch.setenv(st.ENV_SWITCH, "yes")
+    with caplog.at_level(logging.WARNING, logger="vllm.peagle"):
+        assert st.switch_on() is (st.DEFAULT_SWITCH == "1")
+        st.switch_on()
+    assert len([r for r in caplog.records if "'yes'" in r.getMessage()]) == 1
