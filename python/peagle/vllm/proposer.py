@@ -141,6 +141,10 @@ def call_supported(
         return "positions are not 1-D (M-RoPE / XD-RoPE)"
     if target_token_ids.dtype != torch.int32 or next_token_ids.dtype != torch.int32:
         return "token ids are not int32"
+    if target_positions.dtype != torch.int64:
+        return f"positions are {target_positions.dtype}, not int64"
+    if cad.query_start_loc.dtype != torch.int32 or cad.seq_lens.dtype != torch.int32:
+        return "query_start_loc / seq_lens are not int32"
     if target_hidden_states.dtype != hidden.dtype or target_hidden_states.dim() != 2:
         return (
             f"target hidden states are {target_hidden_states.dtype} "

@@ -99,23 +99,50 @@ def rejection_sample(
     """
     from vllm.v1.sample.rejection_sampler import generate_uniform_probs
 
-    b = len(num_draft_tokens)
     t, v = target_logits.shape
     dev = target_logits.device
+    greedy = sampling_metadata.all_greedy or sampling_metadata.temperature is None
     uniforms = exponentials = None
-    if sampling_metadata.all_greedy or sampling_metadata.temperature is None:
-        temperature = torch.zeros(b, dtype=torch.float32, device=dev)
-    else:
+    if not greedy:
         # Same draws, same order as vLLM: uniforms first, exponentials after.
         uniforms = generate_uniform_probs(t, num_draft_tokens, sampling_metadata.generators, dev)
         exponentials = draw_exponentials(num_draft_tokens, v, sampling_metadata.generators, dev)
-        temperature = (sampling_metadata.temperature != 0).to(torch.float32)
+    return verify_with_draws(
+        draft_token_ids, cu_num_draft_tokens, max_spec_len, draft_probs, target_logits,
+        bonus_token_ids, None if greedy else sampling_metadata.temperature, uniforms,
+        exponentials,
+    )  # fmt: skip
+
+
+def verify_with_draws(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    temperature: torch.Tensor | None,
+    uniforms: torch.Tensor | None,
+    exponentials: torch.Tensor | None,
+) -> torch.Tensor:
+    """The ``verify_chain`` call of :func:`rejection_sample`, given vLLM's random draws.
+
+    ``temperature [B]`` is vLLM's (only ``== 0``, greedy, matters: the logits are already
+    scaled), None when every request is greedy; ``uniforms [T]`` float64 and ``exponentials
+    [B, V]`` float32 are required unless every request is greedy.
+    """
+    b = cu_num_draft_tokens.shape[0]
+    dev = target_logits.device
+    if temperature is None:
+        scale = torch.zeros(b, dtype=torch.float32, device=dev)
+    else:
+        scale = (temperature != 0).to(torch.float32)
     zeros64 = torch.zeros(b, dtype=torch.int64, device=dev)
     out = ops.verify_chain(
         interleave_bonus_rows(target_logits, cu_num_draft_tokens),
         draft_token_ids.to(torch.int32),
         cu_num_draft_tokens.to(torch.int32),
-        temperature,
+        scale,
         zeros64,  # seeds: unused, every random number is given
         zeros64,  # offsets
         draft_probs=draft_probs,
