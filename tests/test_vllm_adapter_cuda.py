@@ -90,10 +90,16 @@ def test_first_pass_cuda_equals_cpu(dtype):
         )
         outs.append(
             dict(
-                n=n, tis=tis.cpu(), ids=p.input_ids.cpu(), pos=p.positions.cpu(),
-                rej=p.is_rejected_token_mask.cpu(), msk=p.is_masked_token_mask.cpu(),
-                hid=p.hidden_states.cpu(), qsl=new.query_start_loc.cpu(),
-                qsl_cpu=new.query_start_loc_cpu, seq=new.seq_lens.cpu(),
+                n=n,
+                tis=tis.cpu(),
+                ids=p.input_ids.cpu(),
+                pos=p.positions.cpu(),
+                rej=p.is_rejected_token_mask.cpu(),
+                msk=p.is_masked_token_mask.cpu(),
+                hid=p.hidden_states.cpu(),
+                qsl=new.query_start_loc.cpu(),
+                qsl_cpu=new.query_start_loc_cpu,
+                seq=new.seq_lens.cpu(),
                 slots=new.slot_mapping.cpu(),
                 scalars=(new.num_actual_tokens, new.max_query_len, new.max_seq_len),
             )  # fmt: skip
@@ -130,7 +136,12 @@ def test_verify_cuda_equals_cpu(mode):
     for dev in ("cpu", "cuda"):
         outs.append(
             adapter_sampler.verify_with_draws(
-                drafts.to(dev), cu.to(dev), k, None, logits.to(dev), bonus.to(dev),
+                drafts.to(dev),
+                cu.to(dev),
+                k,
+                None,
+                logits.to(dev),
+                bonus.to(dev),
                 None if temperature is None else temperature.to(dev),
                 None if mode == "greedy" else uniforms.to(dev),
                 None if mode == "greedy" else exponentials.to(dev),
