@@ -73,6 +73,13 @@ def verify_chain_cases() -> None:
         dict(counts=[3, 0, 5, 2], vocab=1001, temps=[0.0, 0.9, 1.1, 0.6], exp_race=True,
              bonus_ids=True, top_k=[0, 7, 0, 30], top_p=[1.0, 0.8, 0.9, 1.0]),
         dict(counts=[4, 6], vocab=3001, temps=0.8, draft_probs=True, exp_race=True),
+        # row_filter paths: candidates over many splits (B = 1), every element a candidate,
+        # radix fallback (flat top-p overflows the candidate buffer; top_k > 256).
+        dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, top_k=[50],
+             top_p=[0.9]),
+        dict(counts=[2, 4, 1], vocab=1000, temps=0.8, top_k=[300, 600, 999]),
+        dict(counts=[3, 5], vocab=32001, temps=1.0, scale=0.05, top_p=[0.9, 0.8]),
+        dict(counts=[2, 2], vocab=32001, temps=0.9, top_k=[400, 2000], top_p=[0.95, 1.0]),
     ]  # fmt: skip
     for c in cases:
         kw = dict(c)

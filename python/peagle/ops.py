@@ -448,7 +448,17 @@ def verify_chain(
     acceptance draws.
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
-    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows).
+    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows): the CPU op sums ``exp(s -
+    m)`` in fp64, the CUDA kernels sum ``2^(s log2 e - m log2 e)`` (MUFU.EX2) in fp32 and keep
+    top-k/top-p masses in 2^-32 fixed point; CUDA results are bit-identical run to run.
+
+    CUDA outline: 2-3 kernels, the later ones programmatic dependent launches (set
+    ``PEAGLE_DISABLE_PDL=1`` for plain launches): (1) every logits row read once, split over
+    CTAs: argmax and online normaliser; (2) only with ``top_k``/``top_p``: each filtered row read
+    once more, keys above a provable bound collected (<= 4096 per row; else, or when ``top_k`` >
+    256 or the top-p cut may lie below the bound, radix passes over the row) and the threshold
+    selected exactly; (3) per request: the acceptance chain, the outputs, and the one sampled row
+    split over CTAs with Philox noise only for tokens that can still win.
 
     Args:
         target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row

@@ -32,6 +32,13 @@
 //   win; with no candidate at all the first-index argmax of s is used (index 0 if no score is
 //   finite). Sampled results are always in [0, V).
 //
+// Rounding (the only CPU/CUDA differences; greedy rows are exact): the CPU op sums the weights
+// e_v = expf(s_v - m) in fp64. The CUDA kernels sum 2^(s_v log2 e - m log2 e) (one FFMA + one
+// MUFU.EX2, relative error ~1e-7 per term) in fp32 for Z, and in 2^-32 fixed point (integers,
+// order-independent) for top-p masses and the kept mass of filtered rows; p(x) = expf(s_x - m) / Z
+// with precise expf on both. A decision can differ only when it is within ~1e-6 (relative) of
+// flipping. Every CUDA reduction runs in a fixed order, so results are bit-identical run to run.
+//
 // Outputs are overwritten every call: output_token_ids[r] = emitted tokens then -1,
 // num_accepted[r] = accepted drafts (a real request emits num_accepted + 1 tokens),
 // accepted_per_position[r, j] = j < num_accepted[r]. request_mask[r] == False: all -1, 0, False.
