@@ -112,6 +112,8 @@ def may_reach(f: np.float32, t: np.float32) -> bool:
         return True
     if t > GUMBEL_UPPER:
         return False
+    if t > F32(4.6) and f < F32(0.989):
+        return False
     e1 = ex2(-t * LOG2E)
     thr = ex2(-e1 * LOG2E)
     return bool(f >= thr * F32(0.999))
@@ -171,9 +173,10 @@ class Emu:
         b = max(self.B, 1)
         rows = max(self.R, 1)
         elems_cap = max(1, -(-self.V // min_stats_elems))
-        self.nsplit = int(min(max(1, -(-16 * SMS // rows)), elems_cap))
+        self.nsplit = int(min(max(1, -(-8 * SMS // rows)), elems_cap))
         groups = -(-self.V // 4)
         self.nsample = int(min(max(1, -(-8 * SMS // b)), max(1, -(-groups // min_sample_groups))))
+        self.cand_cap = int(min(CAND_CAP, max(32, (64 << 20) // 4 // rows)))
         self.stats = {}
         self.skip_checks = 0
 
@@ -285,6 +288,15 @@ class Emu:
             for bval, zt, bidx in per_thread:
                 if bidx >= 0:
                     z = F32(z + zt * np.exp(np.float32(bval - m)))
+        # Per-warp maxima of the scores (seeds of the sampling limit), first index on ties.
+        seeds = []
+        for w in range(THREADS // 32):
+            wm, wi = NEG_INF, -1
+            for bval, _, bidx in per_thread[32 * w : 32 * w + 32]:
+                if bidx >= 0 and (bval > wm or (bval == wm and bidx < wi)):
+                    wm, wi = bval, bidx
+            seeds.append((wm, wi))
+        self.warp_seeds.setdefault(row, []).extend(seeds if info["mode"] != "greedy" else [])
         bound = NEG_INF
         r = info["r"]
         if info["mode"] == "filtered" and self.top_k_active(r) and int(self.top_k[r]) <= THREADS:
@@ -398,7 +410,7 @@ class Emu:
         cand = keys_all >= key_t
         total = int(cand.sum())
         complete = t == NEG_INF
-        ok = total <= CAND_CAP and not (self.top_k_active(r) and total < int(self.top_k[r]))
+        ok = total <= self.cand_cap and not (self.top_k_active(r) and total < int(self.top_k[r]))
         self.filter_paths.append("candidates" if ok else "fallback")
         key = z = 0
         if ok:
@@ -457,7 +469,7 @@ class Emu:
         # The kernel: splits, seeds, running limit, group skip, may_reach.
         lim_shared = NEG_INF
         if qrow is None:
-            for pm, _, pidx, _ in self.parts[row]:
+            for pm, pidx in self.warp_seeds[row]:
                 if pidx >= 0 and pidx != exclude and pm > NEG_INF and score_key(pm) >= key:
                     lim_shared = max(lim_shared, F32(pm + g_all[pidx]))
         best_overall = (NEG_INF, -1)
@@ -501,6 +513,7 @@ class Emu:
 
     def run(self):
         self.parts = {}
+        self.warp_seeds = {}
         self.filter_paths = []
         infos = {row: self.row_info(row) for row in range(self.R)}
         for row, info in infos.items():

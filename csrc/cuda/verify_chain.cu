@@ -16,12 +16,12 @@
 //      partial argmaxes and writes the token.
 //
 // Sampling is Gumbel-max with Philox noise generated in place, skipping the noise of tokens that
-// cannot win: the running winner `lim` starts at the best split maximum's exact value and is
-// shared within the CTA; a token needs noise only if s + 16.7 >= lim (the largest Gumbel draw is
-// 16.64), and its logs only if the uniform passes a conservative threshold test. Tokens needing
-// noise are compacted per warp first, so the Philox work is dense. Skipped tokens are provably
-// below an existing value, so results are identical to evaluating every token.
-// All reductions run in a fixed order (or are integer), so results are bit-identical run to run.
+// cannot win: the running winner `lim` starts at the best exact value among row_stats' per-warp
+// maxima and is shared within the CTA; a token needs noise only if s + 16.7 >= lim (the largest
+// Gumbel draw is 16.64), and its logs only if the uniform passes a conservative threshold test.
+// Tokens needing noise are compacted per warp first, so the Philox work is dense. Skipped tokens
+// are provably below an existing value, so results are identical to evaluating every token. All
+// reductions run in a fixed order (or are integer), so results are bit-identical run to run.
 #include <cstdlib>
 
 #include "verify_chain_common.cuh"
@@ -313,6 +313,7 @@ __device__ __forceinline__ void load_group(const char* rp, int64_t g, int32_t vo
 __device__ __forceinline__ bool may_reach(float f, float t) {
   if (!(t > kGumbelLower)) return true;        // even the smallest draw (or t NaN / -inf)
   if (t > kGumbelUpper) return false;          // not even the largest draw
+  if (t > 4.6f && f < 0.989f) return false;    // cheap: here exp(-exp(-t)) * 0.999 > 0.98901
   const float e1 = ex2_approx(-t * kLog2e);    // exp(-t)
   const float thr = ex2_approx(-e1 * kLog2e);  // exp(-exp(-t))
   return f >= thr * 0.999f;
@@ -354,14 +355,17 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   } else {
     if (threadIdx.x == 0) ss.lim_key = ordered_key(-INFINITY);
     __syncthreads();
-    if (q == nullptr && warp == 0) {
-      // Seed the limit with the exact values of the split maxima (candidates only).
+    if (q == nullptr) {
+      // Seed the limit with the exact values of row_stats' per-warp maxima (candidates only):
+      // they include the row's top scores, so the limit starts close to the winner's value.
+      const int64_t nseeds = static_cast<int64_t>(ws.nsplit) * kWarps;
+      const ArgMax* sd = ws.seeds + dec.row * nseeds;
       float seedv = -INFINITY;
-      for (int s = lane; s < ws.nsplit; s += kWarp) {
-        const RowPartial part = ws.parts[dec.row * ws.nsplit + s];
-        if (part.idx >= 0 && part.idx != dec.exclude && part.m > -INFINITY &&
-            score_key(part.m) >= dec.key) {
-          seedv = fmaxf(seedv, part.m + gumbel_at(seed, offset, part.idx, stream));
+      for (int64_t i = threadIdx.x; i < nseeds; i += kThreads) {
+        const ArgMax c = sd[i];
+        if (c.idx >= 0 && c.idx != dec.exclude && c.val > -INFINITY &&
+            score_key(c.val) >= dec.key) {
+          seedv = fmaxf(seedv, c.val + gumbel_at(seed, offset, c.idx, stream));
         }
       }
 #pragma unroll
@@ -371,6 +375,7 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
       if (lane == 0 && seedv > -INFINITY) atomicMax(&ss.lim_key, ordered_key(seedv));
     }
     __syncthreads();
+    const bool filtered = dec.key != 0;  // key 0 keeps every score
     const bool aligned =
         reinterpret_cast<uintptr_t>(rp) % static_cast<uintptr_t>(4 * Elem<D>::kSize) == 0;
     for (int64_t g0 = gb; g0 < ge; g0 += kThreads * kGroupsPerThread) {
@@ -403,8 +408,9 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
           const int64_t v = 4 * g + k;
           val[k] = -INFINITY;
           if (g < ge && v < vocab) {
-            const float s = score_of(x[u][k], inv_t);
-            const bool kept = score_key(s) >= dec.key;
+            // No NaN -> -inf here: a NaN value is never > -inf, so it never gets noise or wins.
+            const float s = x[u][k] * inv_t;
+            const bool kept = !filtered || score_key(s) >= dec.key;
             if (q == nullptr) {
               if (kept && v != dec.exclude) val[k] = s;
             } else {
@@ -511,8 +517,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 struct Layout {
   int32_t nsplit = 1;
   int32_t nsample = 1;
+  int32_t cand_cap = kCandCap;
   bool filter = false;
-  size_t off_parts = 0, off_stats = 0, off_cand_count = 0, off_filter_arrivals = 0;
+  size_t off_parts = 0, off_seeds = 0, off_stats = 0, off_cand_count = 0;
+  size_t off_filter_arrivals = 0;
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
 };
 
@@ -545,19 +553,26 @@ Layout plan(const VerifyChainParams& p) {
   const int64_t sms = sm_count();
   const int64_t rows = p.num_rows > 0 ? p.num_rows : 1;
   const int64_t reqs = p.num_reqs > 0 ? p.num_reqs : 1;
-  // row_stats / row_filter: ~16 CTAs per SM in all (a few waves of 4 resident 256-thread CTAs),
-  // at least kMinStatsElems logits each.
+  // row_stats / row_filter: ~8 CTAs per SM in all (two waves of 4 resident 256-thread CTAs; B=64,
+  // K=7: 3 splits of 67K logits), at least kMinStatsElems logits each (B=1: 50 splits of 4K).
   const int64_t elems_cap =
       (static_cast<int64_t>(p.vocab_size) + kMinStatsElems - 1) / kMinStatsElems;
-  l.nsplit = static_cast<int32_t>(clamp_splits((16 * sms + rows - 1) / rows, elems_cap));
+  l.nsplit = static_cast<int32_t>(clamp_splits((8 * sms + rows - 1) / rows, elems_cap));
   // decide_sample: ~8 CTAs per SM, at least kMinSampleGroups 4-token groups each.
   const int64_t groups = (static_cast<int64_t>(p.vocab_size) + 3) / 4;
   const int64_t groups_cap = (groups + kMinSampleGroups - 1) / kMinSampleGroups;
   l.nsample = static_cast<int32_t>(clamp_splits((8 * sms + reqs - 1) / reqs, groups_cap));
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
+  // Candidate buffers: kCandCap keys per row while R <= 4096 rows, fewer (>= kMinCandCap) beyond,
+  // so the workspace stays <= ~64 MB; a row with more candidates takes the radix fallback.
+  const int64_t fit = static_cast<int64_t>(kCandPoolBytes / sizeof(uint32_t)) / rows;
+  l.cand_cap =
+      static_cast<int32_t>(fit > kCandCap ? kCandCap : (fit < kMinCandCap ? kMinCandCap : fit));
   size_t off = 0;
   l.off_parts = off;
   off = align_up(off + sizeof(RowPartial) * static_cast<size_t>(rows) * l.nsplit);
+  l.off_seeds = off;
+  off = align_up(off + sizeof(ArgMax) * static_cast<size_t>(rows) * l.nsplit * kWarps);
   l.off_sample_arrivals = off;
   off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(reqs));
   l.off_samples = off;
@@ -570,7 +585,7 @@ Layout plan(const VerifyChainParams& p) {
     l.off_filter_arrivals = off;
     off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows));
     l.off_cand_keys = off;
-    off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows) * kCandCap);
+    off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows) * l.cand_cap);
   }
   l.total = off;
   return l;
@@ -612,6 +627,7 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
                          cudaStream_t stream) {
   Workspace ws;
   ws.parts = reinterpret_cast<RowPartial*>(base + l.off_parts);
+  ws.seeds = reinterpret_cast<ArgMax*>(base + l.off_seeds);
   ws.sample_arrivals = reinterpret_cast<uint32_t*>(base + l.off_sample_arrivals);
   ws.samples = reinterpret_cast<ArgMax*>(base + l.off_samples);
   ws.stats = l.filter ? reinterpret_cast<RowStats*>(base + l.off_stats) : nullptr;
@@ -621,6 +637,7 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.cand_keys = l.filter ? reinterpret_cast<uint32_t*>(base + l.off_cand_keys) : nullptr;
   ws.nsplit = l.nsplit;
   ws.nsample = l.nsample;
+  ws.cand_cap = l.cand_cap;
   const unsigned grid_rows = static_cast<unsigned>(p.num_rows < kMaxGridY ? p.num_rows : kMaxGridY);
   const unsigned grid_reqs = static_cast<unsigned>(p.num_reqs < kMaxGridY ? p.num_reqs : kMaxGridY);
   row_stats_kernel<D><<<dim3(l.nsplit, grid_rows), kThreads, 0, stream>>>(p, ws);

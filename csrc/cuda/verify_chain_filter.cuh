@@ -8,7 +8,7 @@
 //          split): at least k scores are >= t, so the k-th largest score is >= t;
 //   top-p only: t = m - D with D = ln(V / ((1 - top_p) Z)) + 0.05: the scores below t carry at
 //          most (1 - top_p) of the mass, so the top-p cut lies at or above t.
-// The last CTA of a row (arrival counter) selects exactly among the <= kCandCap candidate keys in
+// The last CTA of a row (arrival counter) selects exactly among the <= cand_cap candidate keys in
 // shared memory (radix select: counts for top-k, 2^-32 fixed-point masses for top-p), and falls
 // back to radix passes over the whole row when the candidates overflow or the top-p cut might lie
 // below them. Masses are integers, so every sum is order-independent and the result
@@ -290,25 +290,28 @@ __global__ void __launch_bounds__(kThreads, 3)
         const float denom = (1.0f - info.top_p) * rm.z;
         t = denom > 0.0f ? m - (logf(static_cast<float>(p.vocab_size) / denom) + 0.05f) : -INFINITY;
       }
-      if (!(t > -INFINITY)) t = -INFINITY;  // NaN-safe
+      if (!(t > -INFINITY)) t = -INFINITY;   // NaN-safe
+      const bool complete = t == -INFINITY;  // every element is a candidate
       const uint32_t key_t = score_key(t);
       const char* rp = row_ptr(p, row, Elem<D>::kSize);
       const float inv_t = info.inv_t;
+      // Candidate iff score_key(score_of(x)) >= key_t, i.e. s >= t as floats (-0 == +0; a NaN
+      // score is -inf, a candidate only when t = -inf). Keys are computed for candidates only.
       stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t, const float* x, auto cnt) {
         constexpr int kN = decltype(cnt)::value;
-        uint32_t keys[kN];
+        float s[kN];
         uint32_t c = 0;
 #pragma unroll
         for (int k = 0; k < kN; ++k) {
-          keys[k] = score_key(score_of(x[k], inv_t));
-          c += keys[k] >= key_t;
+          s[k] = x[k] * inv_t;
+          c += complete || s[k] >= t;
         }
         if (c > 0) {  // rare: one shared atomic per thread and vector
           uint32_t pos = atomicAdd(&sm.n, c);
 #pragma unroll
           for (int k = 0; k < kN; ++k) {
-            if (keys[k] >= key_t) {
-              if (pos < kCandCap) sm.keys[pos] = keys[k];
+            if (complete || s[k] >= t) {
+              if (pos < kCandCap) sm.keys[pos] = score_key(sanitize_score(s[k]));
               ++pos;
             }
           }
@@ -319,8 +322,9 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (threadIdx.x == 0) sm.base = atomicAdd(ws.cand_count + row, n);  // total may exceed cap
       __syncthreads();
       const uint32_t base = sm.base;
-      uint32_t* dst = ws.cand_keys + row * kCandCap;
-      for (uint32_t i = threadIdx.x; i < n && i < kCandCap && base + i < kCandCap; i += kThreads) {
+      const uint32_t cap = static_cast<uint32_t>(ws.cand_cap);  // <= kCandCap
+      uint32_t* dst = ws.cand_keys + row * cap;
+      for (uint32_t i = threadIdx.x; i < n && i < cap && base + i < cap; i += kThreads) {
         dst[base + i] = sm.keys[i];
       }
       __threadfence();
@@ -330,12 +334,11 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (sm.last) {
         __threadfence();
         const uint32_t total = __ldcg(ws.cand_count + row);
-        const bool complete = t == -INFINITY;  // every element is a candidate
         uint32_t key = 0;
         unsigned long long z = 0;
         // (Fewer than k candidates cannot happen with a valid bound; fall back all the same.)
-        bool ok = total <= kCandCap && !(top_k_active(info.top_k, p.vocab_size) &&
-                                         total < static_cast<uint32_t>(info.top_k));
+        bool ok = total <= cap && !(top_k_active(info.top_k, p.vocab_size) &&
+                                    total < static_cast<uint32_t>(info.top_k));
         if (ok) {
           for (uint32_t i = threadIdx.x; i < total; i += kThreads) sm.keys[i] = __ldcg(dst + i);
           __syncthreads();
