@@ -1413,3 +1413,36 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(parity):
         for x, y in zip(out, want, strict=True):
             assert torch.equal(x.cpu(), y)
         check_invariants(VerifyOutput(*(t.cpu() for t in out)), c)
+
+
+_PDL_SNIPPET = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_verify_chain import make_case, run_op
+gen = torch.Generator().manual_seed(44)
+case = make_case([7, 0, 3, 5], 32001, gen, temps=[0.0, 0.8, 1.1, 0.6], dtype=torch.bfloat16,
+                 top_k=[0, 40, 0, 3], top_p=[1.0, 0.9, 0.8, 1.0])
+got = run_op(case, "cuda")
+torch.save(tuple(t.clone() for t in got), {path!r})
+"""
+
+
+@requires_cuda
+def test_cuda_plain_launches_match_programmatic(tmp_path):
+    """PEAGLE_DISABLE_PDL=1 (plain launches, read once per process, hence a subprocess) gives the
+    same bits as the programmatic dependent launches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)
+    out = {}
+    for flag in ("0", "1"):
+        path = str(tmp_path / f"pdl{flag}.pt")
+        env = dict(os.environ, PEAGLE_DISABLE_PDL=flag)
+        code = _PDL_SNIPPET.format(tests=tests, path=path)
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+        out[flag] = torch.load(path)
+    for x, y in zip(out["0"], out["1"], strict=True):
+        assert torch.equal(x, y)
