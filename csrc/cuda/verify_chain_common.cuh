@@ -134,20 +134,21 @@ __device__ __forceinline__ float load_scalar(const char* row, int64_t v) {
   }
 }
 
-// Read-once 16-byte load: no L1 allocation, 256-byte L2 prefetch.
+// Read-once 16-byte load: no L1 allocation, 256-byte L2 prefetch. `volatile` keeps the load
+// under its guard (the compiler must not speculate it past a bounds check).
 __device__ __forceinline__ uint4 ld_stream16(const void* ptr) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
   return v;
 }
 
 __device__ __forceinline__ uint2 ld_stream8(const void* ptr) {
   uint2 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
-      : "=r"(v.x), "=r"(v.y)
-      : "l"(ptr));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
+               : "l"(ptr));
   return v;
 }
 
