@@ -455,10 +455,11 @@ def verify_chain(
     CUDA outline: 2-3 kernels, the later ones programmatic dependent launches (set
     ``PEAGLE_DISABLE_PDL=1`` for plain launches): (1) every logits row read once, split over
     CTAs: argmax and online normaliser; (2) only with ``top_k``/``top_p``: each filtered row read
-    once more, keys above a provable bound collected (<= 4096 per row; else, or when ``top_k`` >
-    256 or the top-p cut may lie below the bound, radix passes over the row) and the threshold
-    selected exactly; (3) per request: the acceptance chain, the outputs, and the one sampled row
-    split over CTAs with Philox noise only for tokens that can still win.
+    once more, keys above a provable bound collected (up to 4096 per row, fewer beyond 4096
+    rows; on overflow, ``top_k`` > 256 on a large vocabulary, or a top-p cut that may lie below
+    the bound: radix passes over the row) and the threshold selected exactly; (3) per request:
+    the acceptance chain, the outputs, and the one sampled row split over CTAs with Philox noise
+    only for tokens that can still win.
 
     Args:
         target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row
