@@ -485,7 +485,7 @@ def test_bonus_token_ids_replace_the_bonus(device, temps):
 def _vllm_v016_style(case: Case, uniforms: torch.Tensor) -> torch.Tensor:
     """vLLM v0.16's probability-level rejection sampler, written here from its documented steps
     (not its code): fp32 logits / T, softmax; accept iff q > 0 and p / q >= u; recovered =
-    argmax(residual / E) over the whole row (residual = p with the draft zeroed, or
+    argmax(residual * (1/E)) over the whole row (residual = p with the draft zeroed, or
     clamp(p - q, 0)); bonus = the given bonus id. Random requests only, no top-k/top-p."""
     logits = case["target_logits"].float()
     cu = case["cu_num_draft_tokens"].tolist()
@@ -509,7 +509,7 @@ def _vllm_v016_style(case: Case, uniforms: torch.Tensor) -> torch.Tensor:
                 res[x] = 0.0
             else:
                 res = torch.clamp(p - q_all[d0 + j].float(), min=0.0)
-            out[r, j] = int(torch.argmax(res / e[r]))
+            out[r, j] = int(torch.argmax(res * e[r].reciprocal()))
             break
         else:
             out[r, n] = int(case["bonus_token_ids"][r])

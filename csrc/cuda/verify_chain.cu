@@ -343,14 +343,14 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   const int64_t gb = groups * split / nsample, ge = groups * (split + 1) / nsample;
   ArgMax best = argmax_none();
   if (dec.mode == kModeRecovered && p.exponentials != nullptr) {
-    // vLLM's exponential race: argmax of residual / E over residual > 0, no noise.
+    // vLLM 0.28's exponential race: argmax of residual * (1/E) over residual > 0, no noise.
     const float* e_row = p.exponentials + static_cast<int64_t>(r) * p.exponentials_row_stride;
     const int64_t ve = min(4 * ge, static_cast<int64_t>(vocab));
     for (int64_t v = 4 * gb + threadIdx.x; v < ve; v += kThreads) {
       const float s = score_of(load_scalar<D>(rp, v), inv_t);
       const float pv = score_key(s) >= dec.key ? weight_of(s, dec.m) / dec.zf : 0.0f;
       const float res = q != nullptr ? pv - __ldg(q + v) : (v == dec.exclude ? 0.0f : pv);
-      if (res > 0.0f) argmax_push(best, res / __ldg(e_row + v), static_cast<int32_t>(v));
+      if (res > 0.0f) argmax_push(best, res * (1.0f / __ldg(e_row + v)), static_cast<int32_t>(v));
     }
   } else {
     if (threadIdx.x == 0) ss.lim_key = ordered_key(-INFINITY);

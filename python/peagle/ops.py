@@ -430,10 +430,12 @@ def verify_chain(
     vLLM parity (both optional, SPEC §6.4-6.6): ``bonus_token_ids`` replaces the bonus token of
     every request whose drafts are all accepted (greedy and random; the bonus rows are then never
     read, so they may hold anything); ``exponentials`` replaces the Gumbel noise of the recovered
-    token by vLLM v0.16's exponential race: ``argmax_v residual(v) / exponentials[r, v]``
-    (float32 division; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q,
-    0)`` with ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an
-    all-zero residual falls back to the argmax of ``p``). With ``uniforms`` as well, every random
+    token by vLLM 0.28's exponential race: ``argmax_v residual(v) * (1 / exponentials[r, v])``
+    (float32, vLLM's ``prob * q.reciprocal()``; v0.16 divided, which differs only on 1-ULP
+    near-ties; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q, 0)`` with
+    ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an all-zero
+    residual falls back to the argmax of ``p`` where vLLM returns token 0 — peagle's SPEC §6.4
+    rule, reachable only when ``q(x) = 0`` and ``p = q``). With ``uniforms`` as well, every random
     draw comes from the caller, as in vLLM's rejection sampler.
 
     Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,

@@ -22,8 +22,8 @@
 //   Recovered token (first rejected position only): without draft_probs the argmax over kept
 //   v != x of s_v + g_v; with draft_probs the argmax over v of logf(r_v) + g_v for
 //   r_v = p_v - q_v > 0 (p_v = e_v / Z in float32). g = Gumbel noise of stream 1 (index v / 4,
-//   word v % 4). With `exponentials` (vLLM's exponential race, v0.16 rounding): the argmax over
-//   v of r_v / E[r, v] (float32 division) among r_v > 0, where r_v = p_v for kept v != x
+//   word v % 4). With `exponentials` (vLLM 0.28's exponential race and rounding): the argmax
+//   over v of r_v * (1 / E[r, v]) (float32) among r_v > 0, where r_v = p_v for kept v != x
 //   without draft_probs and max(p_v - q_v, 0) with them (p_v = e_v / Z in float32); no noise.
 //   Bonus token (all accepted): bonus_token_ids[r] if given (greedy and random requests; the
 //   bonus row is then never read and the id is copied as is), else for random requests the
