@@ -427,20 +427,20 @@ def test_exponential_race_matches_reference(device, variant):
 
 
 def test_exponential_race_picks_residual_over_e(device):
-    """Hand-checked race: p = [0.1, 0.2, 0.3, 0.4] (no draft_probs, draft 3 rejected with u ~ 1):
-    residual = [0.1, 0.2, 0.3, 0]; with E = [0.05, 1, 1, 1e-9] the ratios are [2, .2, .3, -] so
-    id 0 wins (E of the removed draft is irrelevant); with E = [1, 0.5, 0.75, 1] ids 1 and 2 tie
-    at 0.4 -> the lower id (1)."""
+    """Hand-checked race: p = [0.1, 0.3, 0.3, 0.3] (no draft_probs, draft 3 rejected with u ~ 1):
+    residual = [0.1, 0.3, 0.3, 0]; with E = [0.05, 1, 1, 1e-9] the scores residual * (1/E) are
+    [2, .3, .3, -] so id 0 wins (E of the removed draft is irrelevant); with E = [1, 0.5, 0.5, 1]
+    ids 1 and 2 tie exactly (equal logits, equal E) -> the lower id (1)."""
     v = 4
     case = make_case([1], v, torch.Generator().manual_seed(31), temps=1.0)
-    probs = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    probs = torch.tensor([0.1, 0.3, 0.3, 0.3], dtype=torch.float64)
     case["target_logits"] = torch.log(probs).float().repeat(2, 1)
     case["draft_token_ids"] = torch.tensor([3], dtype=torch.int32)
     case["uniforms"] = torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)
     case["exponentials"] = torch.tensor([[0.05, 1.0, 1.0, 1e-9]])
     got = run_op(case, device)
     assert got.output_token_ids.tolist() == [[0, -1]]
-    case["exponentials"] = torch.tensor([[1.0, 0.5, 0.75, 1.0]])
+    case["exponentials"] = torch.tensor([[1.0, 0.5, 0.5, 1.0]])
     got = run_op(case, device)
     assert got.output_token_ids.tolist() == [[1, -1]]
 
