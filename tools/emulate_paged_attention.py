@@ -23,6 +23,7 @@ lanes): small problems only.
     python tools/emulate_paged_attention.py          # random cases vs tests/reference
 """
 
+# ruff: noqa: B023  (the loader closures use the current tile's values on purpose, like the kernel)
 from __future__ import annotations
 
 import math
@@ -268,7 +269,7 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     stages, passes, rpp, chunks, threads = (
         cfg["stages"], cfg["passes"], cfg["rpp"], cfg["chunks"], cfg["threads"]
     )  # fmt: skip
-    kmt, warps = cfg["mt"], cfg["warps"]
+    kmt = cfg["mt"]
     q_bytes, tile_bytes = cfg["q_bytes"], cfg["tile_bytes"]
     stage_bytes = 2 * tile_bytes
     out = np.full((t_total, hq, d), np.nan, dtype=np.float32)
