@@ -2,12 +2,13 @@
 math without a GPU (the CPU CI machine has none).
 
 It mirrors the kernel line by line: the plan (tensor-core path, tile sizes, ring depth, split
-cap), the 1-D grid (KV heads fastest, then splits, then requests), packed (row, head) query
-tiles, tile_keys / split_count, the per-thread K/V copy assignment and the block-id prefetch one
-tile ahead, the cp.async group ring, the panelled 128-byte-swizzle shared-memory tiles, the
-exp2-domain online softmax (FFMA form, rescale only on a changed maximum, Q sign flip for a
-negative scale), the epilogue (direct or fp32 partials) and the merge kernel. The two
-tensor-core paths are modelled from the PTX ISA definitions, independently of the kernel code:
+cap), the 1-D grid (inert-row CTAs first, then KV heads fastest, splits, requests), packed
+(row, head) query tiles, tile_keys / split_count, the per-thread K/V copy assignment and the
+block-id prefetch one tile ahead, the cp.async group ring, the panelled 128-byte-swizzle
+shared-memory tiles, the exp2-domain online softmax (FFMA form, rescale only on a changed
+maximum, Q sign flip for a negative scale), the epilogue (direct or fp32 partials) and the merge
+kernel. The two tensor-core paths are modelled from the PTX ISA definitions, independently of
+the kernel code:
 
 * mma.sync: ldmatrix (.x4, .trans) and mma.m16n8k16 fragment layouts;
 * wgmma: the matrix descriptor is decoded (start, LBO, SBO, 128-byte swizzle applied to the
@@ -194,7 +195,7 @@ def kernel_cfg(d, block_m, wg, block_n):
                 passes=block_n // rows_per_pass, min_blocks=min_blocks)  # fmt: skip
 
 
-def plan(b, hq, hkv, d, max_query_len, num_splits, impl="auto", arch=90, num_sms=132):
+def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90, num_sms=132):
     group = hq // hkv
     block_m = 64 if group <= 4 else 128
     wg = arch == 90 and group >= 4
@@ -205,8 +206,9 @@ def plan(b, hq, hkv, d, max_query_len, num_splits, impl="auto", arch=90, num_sms
     block_n = 32 if ("n32" in impl and d == 128 and block_m == 64) else 64
     packed = group * max(1, max_query_len)
     q_tiles = -(-packed // block_m)
-    reqs_heads = (b + 1) * hkv
-    max_q_ctas = max(1, (2**31 - 1) // (reqs_heads * (num_splits if num_splits > 0 else 1)))
+    limit = 2**31 - 1 - 64
+    reqs_heads = max(1, b * hkv)
+    max_q_ctas = max(1, limit // (reqs_heads * (num_splits if num_splits > 0 else 1)))
     q_tile_ctas = min(q_tiles, max_q_ctas)
     per_sm = kernel_cfg(d, block_m, wg, block_n)["min_blocks"]  # the occupancy the .cu queries
     if num_splits > 0:
@@ -214,10 +216,12 @@ def plan(b, hq, hkv, d, max_query_len, num_splits, impl="auto", arch=90, num_sms
     else:
         base = b * hkv * q_tile_ctas
         s = (num_sms * per_sm) // base if base else 1
-        s = min(s, (2**31 - 1) // (reqs_heads * q_tile_ctas))
+        s = min(s, limit // (reqs_heads * q_tile_ctas))
         max_splits = max(1, min(MAX_AUTO_SPLITS, s))
+    inert = min(32, max(1, t_total))
     return dict(block_m=block_m, block_n=block_n, wg=wg, q_tile_ctas=q_tile_ctas,
-                max_splits=max_splits, grid=reqs_heads * q_tile_ctas * max_splits)  # fmt: skip
+                max_splits=max_splits, inert=inert,
+                grid=inert + b * hkv * q_tile_ctas * max_splits)  # fmt: skip
 
 
 # ---- the kernel --------------------------------------------------------------------------------
@@ -262,7 +266,7 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     group = hq // hkv
     cap = table.shape[1] * bs
     hint = t_total if max_query_len < 0 or max_query_len > t_total else max_query_len
-    pl = plan(b, hq, hkv, d, hint, num_splits, impl=impl, **kw)
+    pl = plan(b, hq, hkv, d, t_total, hint, num_splits, impl=impl, **kw)
     block_m, block_n, wg = pl["block_m"], pl["block_n"], pl["wg"]
     q_tile_ctas, max_splits = pl["q_tile_ctas"], pl["max_splits"]
     cfg = kernel_cfg(d, block_m, wg, block_n)
@@ -286,7 +290,7 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
         qe = min(max(int(qsl[r + 1]), qs), t_total)
         return qs, qe - qs, max(int(seq[r]), 0)
 
-    # inert rows (request index B)
+    # inert rows (the first pl["inert"] CTAs)
     lo = min(max(int(qsl[0]), 0), t_total) if b else 0
     hi = min(max(int(qsl[b]), lo), t_total) if b else 0
     for t in list(range(0, lo)) + list(range(hi, t_total)):
@@ -296,13 +300,11 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     tids = np.arange(threads)
     kv_chunk, kv_row0 = tids % chunks, tids // chunks
 
-    for cta in range(pl["grid"]):
+    for cta in range(pl["grid"] - pl["inert"]):
         ht = cta % heads_tiles
         rest = cta // heads_tiles
         split = rest % max_splits
         r = rest // max_splits
-        if r >= b:
-            continue
         g = ht % hkv
         q_cta = ht // hkv
         q_start, q_len, kv_len = request(r)

@@ -29,6 +29,7 @@
 // max_query_len hint), so a fixed num_splits stays bit-reproducible; PEAGLE_ATTN_IMPL overrides
 // it (see plan_paged_attention). No host sync; the grid depends only on host-known sizes, so the
 // launches are CUDA-graph capturable.
+#include <algorithm>
 #include <cfloat>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,8 @@ constexpr int kMergeWarps = 4;    // merge kernel: one warp per (row, head)
 constexpr int kMergeUnroll = 16;  // merge kernel: partial outputs in flight per lane
 constexpr int kImplMma = 0;       // PagedAttentionPlan::impl values
 constexpr int kImplWgmma = 1;
+constexpr int kInertCtas = 32;  // CTAs that write the rows outside every request
+constexpr int64_t kGridLimit = kPagedAttentionGridLimit;
 
 // ---------------------------------------------------------------------------------------------
 // Kernel configuration
@@ -89,6 +92,7 @@ struct AttnCfg {
 struct AttnGrid {
   int32_t group;        // Hq / Hkv
   int32_t heads_tiles;  // Hkv * q_tile_ctas (fastest grid index)
+  int32_t inert_ctas;   // leading CTAs that write the rows outside every request
   int32_t q_tile_ctas;  // CTAs along the packed-row axis per (request, KV head)
   int32_t max_splits;   // CTAs along the KV axis per (request, KV head, query tile)
   int32_t block_m;      // packed rows per query tile
@@ -144,7 +148,9 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
 // Main kernel
 // ---------------------------------------------------------------------------------------------
 
-// grid = (B + 1) * heads_tiles * max_splits CTAs; request index B writes the inert rows.
+// grid = inert_ctas + B * heads_tiles * max_splits CTAs: the first inert_ctas write the rows
+// outside every request (usually none, so they exit at once), the rest own (request, split,
+// KV head x query-tile CTA), KV heads fastest.
 template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
 __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads,
                                   AttnCfg<D, kBlockM, kWgmma, kBlockN>::kMinBlocks)
@@ -163,15 +169,16 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
   griddep_wait();
   griddep_launch_dependents();
 
-  const int32_t cta = static_cast<int32_t>(blockIdx.x);
+  if (static_cast<int32_t>(blockIdx.x) < grid.inert_ctas) {
+    write_inert_rows<T>(p, static_cast<int32_t>(blockIdx.x), grid.inert_ctas);
+    return;
+  }
+  const int32_t cta = static_cast<int32_t>(blockIdx.x) - grid.inert_ctas;
   const int32_t ht = cta % grid.heads_tiles;
   const int32_t rest = cta / grid.heads_tiles;
   const int32_t split = rest % grid.max_splits;
   const int32_t r = rest / grid.max_splits;
-  if (r >= p.num_reqs) {
-    write_inert_rows<T>(p, split * grid.heads_tiles + ht, grid.max_splits * grid.heads_tiles);
-    return;
-  }
+  if (r >= p.num_reqs) return;
   const int32_t g = ht % p.num_kv_heads;
   const int32_t q_cta = ht / p.num_kv_heads;
   const int32_t group = grid.group;
@@ -434,16 +441,16 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
               changed = true;
             }
             row_m[mt][half] = m_new;
-            float sum = 0.f;
+            float sum0 = 0.f, sum1 = 0.f;  // two chains: half the FADD latency
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-              for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl, -m_use));
-                sum += s[mt][j][e];
-              }
+              const int e = 2 * half;
+              s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl, -m_use));
+              s[mt][j][e + 1] = fast_exp2(fmaf(s[mt][j][e + 1], sl, -m_use));
+              sum0 += s[mt][j][e];
+              sum1 += s[mt][j][e + 1];
             }
-            row_l[mt][half] = row_l[mt][half] * alpha[mt][half] + sum;
+            row_l[mt][half] = row_l[mt][half] * alpha[mt][half] + (sum0 + sum1);
           }
         }
         if (__any_sync(0xffffffffu, changed)) {
@@ -810,6 +817,7 @@ AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan
   g.group = p.num_q_heads / p.num_kv_heads;
   g.q_tile_ctas = plan.q_tile_ctas;
   g.heads_tiles = p.num_kv_heads * plan.q_tile_ctas;
+  g.inert_ctas = plan.inert_ctas;
   g.max_splits = plan.max_splits;
   g.block_m = plan.block_m;
   g.block_n = plan.block_n;
@@ -863,12 +871,12 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
   const int64_t rows_hint = p.max_query_len > 0 ? p.max_query_len : 1;
   const int64_t packed = group * rows_hint;
   const int64_t q_tiles = (packed + plan.block_m - 1) / plan.block_m;
-  // The 1-D grid (B + 1) * Hkv * q_tile_ctas * max_splits must stay below 2^31 (the bind checks
-  // (B + 1) * Hkv * num_splits); extra query tiles are looped over inside a CTA.
-  const int64_t reqs_heads = (static_cast<int64_t>(p.num_reqs) + 1) * p.num_kv_heads;
+  // The 1-D grid inert_ctas + B * Hkv * q_tile_ctas * max_splits must stay below 2^31 (the bind
+  // checks B * Hkv * num_splits <= kGridLimit); extra query tiles are looped over in a CTA.
+  const int64_t reqs_heads =
+      std::max<int64_t>(1, static_cast<int64_t>(p.num_reqs) * p.num_kv_heads);
   const int64_t fixed_splits = p.num_splits > 0 ? p.num_splits : 1;
-  int64_t max_q_ctas = INT32_MAX / (reqs_heads * fixed_splits);
-  if (max_q_ctas < 1) max_q_ctas = 1;
+  const int64_t max_q_ctas = std::max<int64_t>(1, kGridLimit / (reqs_heads * fixed_splits));
   plan.q_tile_ctas = static_cast<int32_t>(q_tiles < max_q_ctas ? q_tiles : max_q_ctas);
   if (p.num_splits > 0) {
     plan.max_splits = p.num_splits;
@@ -885,13 +893,17 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
     const int64_t slots = static_cast<int64_t>(p.num_sms > 0 ? p.num_sms : 132) * per_sm;
     const int64_t base = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * plan.q_tile_ctas;
     int64_t s = base > 0 ? slots / base : 1;
-    const int64_t grid_cap = INT32_MAX / (reqs_heads * plan.q_tile_ctas);
+    const int64_t grid_cap = kGridLimit / (reqs_heads * plan.q_tile_ctas);
     s = s > grid_cap ? grid_cap : s;
     s = s < 1 ? 1 : (s > kMaxAutoSplits ? kMaxAutoSplits : s);
     plan.max_splits = static_cast<int32_t>(s);
   }
   plan.needs_workspace = plan.max_splits > 1;
-  plan.grid_ctas = reqs_heads * plan.q_tile_ctas * plan.max_splits;
+  // Rows outside every request (a padded tail, B == 0): a few CTAs stride over them.
+  plan.inert_ctas =
+      static_cast<int32_t>(std::min<int64_t>(kInertCtas, std::max<int64_t>(1, p.num_tokens)));
+  plan.grid_ctas = plan.inert_ctas + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads *
+                                         plan.q_tile_ctas * plan.max_splits;
   return plan;
 }
 

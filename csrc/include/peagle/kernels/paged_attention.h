@@ -99,6 +99,9 @@ PEAGLE_HD int64_t attn_row_key_lo(int32_t kv_len, int32_t q_len, int64_t i, int3
   return lo > 0 ? lo : 0;
 }
 
+// CUDA: B * Hkv * num_splits must not exceed this (1-D grid of the main kernel, < 2^31).
+constexpr int64_t kPagedAttentionGridLimit = INT32_MAX - 64;
+
 // Keys a request may address through its block table: max_blocks_per_seq * block_size.
 PEAGLE_HD int64_t attn_key_capacity(const PagedAttentionParams& p) {
   return static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
@@ -121,7 +124,8 @@ struct PagedAttentionPlan {
   int32_t q_tile_ctas = 0;       // CTAs along the packed-row axis per (request, KV head)
   int32_t max_splits = 1;        // CTAs along the KV axis per (request, KV head, q tile)
   bool needs_workspace = false;  // max_splits > 1: allocate ws_out / ws_lse
-  int64_t grid_ctas = 0;         // CTAs of the main kernel: (B + 1) * Hkv * q_tile_ctas * splits
+  int32_t inert_ctas = 1;        // leading CTAs that write the rows outside every request
+  int64_t grid_ctas = 0;         // CTAs of the main kernel: inert_ctas + B * Hkv * q_tiles * splits
 };
 
 // Fills the plan; p.num_sms must be set. Never fails (unsupported shapes are rejected by the
