@@ -2,7 +2,7 @@
 math without a GPU (the CPU CI machine has none).
 
 It mirrors the kernel line by line: the plan (tensor-core path, tile sizes, ring depth, split
-cap), the 1-D grid (inert-row CTAs first, then KV heads fastest, splits, requests), packed
+cap), the 1-D grid (KV heads fastest, then splits, requests; inert-row CTAs last), packed
 (row, head) query tiles, tile_keys / split_count, the per-thread K/V copy assignment and the
 block-id prefetch one tile ahead, the cp.async group ring, the panelled 128-byte-swizzle
 shared-memory tiles, the exp2-domain online softmax (FFMA form, rescale only on a changed
@@ -218,7 +218,7 @@ def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90
         s = (num_sms * per_sm) // base if base else 1
         s = min(s, limit // (reqs_heads * q_tile_ctas))
         max_splits = max(1, min(MAX_AUTO_SPLITS, s))
-    inert = min(32, max(1, t_total))
+    inert = min(8, max(1, t_total))
     return dict(block_m=block_m, block_n=block_n, wg=wg, q_tile_ctas=q_tile_ctas,
                 max_splits=max_splits, inert=inert,
                 grid=inert + b * hkv * q_tile_ctas * max_splits)  # fmt: skip
@@ -290,7 +290,7 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
         qe = min(max(int(qsl[r + 1]), qs), t_total)
         return qs, qe - qs, max(int(seq[r]), 0)
 
-    # inert rows (the first pl["inert"] CTAs)
+    # inert rows (the last pl["inert"] CTAs)
     lo = min(max(int(qsl[0]), 0), t_total) if b else 0
     hi = min(max(int(qsl[b]), lo), t_total) if b else 0
     for t in list(range(0, lo)) + list(range(hi, t_total)):

@@ -47,7 +47,7 @@ constexpr int kMergeWarps = 4;    // merge kernel: one warp per (row, head)
 constexpr int kMergeUnroll = 16;  // merge kernel: partial outputs in flight per lane
 constexpr int kImplMma = 0;       // PagedAttentionPlan::impl values
 constexpr int kImplWgmma = 1;
-constexpr int kInertCtas = 32;  // CTAs that write the rows outside every request
+constexpr int kInertCtas = 8;  // CTAs that write the rows outside every request
 constexpr int64_t kGridLimit = kPagedAttentionGridLimit;
 
 // ---------------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ struct AttnCfg {
 struct AttnGrid {
   int32_t group;        // Hq / Hkv
   int32_t heads_tiles;  // Hkv * q_tile_ctas (fastest grid index)
-  int32_t inert_ctas;   // leading CTAs that write the rows outside every request
+  int32_t work_ctas;    // B * heads_tiles * max_splits; the inert-row CTAs follow
   int32_t q_tile_ctas;  // CTAs along the packed-row axis per (request, KV head)
   int32_t max_splits;   // CTAs along the KV axis per (request, KV head, query tile)
   int32_t block_m;      // packed rows per query tile
@@ -148,9 +148,9 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
 // Main kernel
 // ---------------------------------------------------------------------------------------------
 
-// grid = inert_ctas + B * heads_tiles * max_splits CTAs: the first inert_ctas write the rows
-// outside every request (usually none, so they exit at once), the rest own (request, split,
-// KV head x query-tile CTA), KV heads fastest.
+// grid = work_ctas (= B * heads_tiles * max_splits: (request, split, KV head x query-tile CTA),
+// KV heads fastest) + inert_ctas that write the rows outside every request (usually none, so
+// they exit at once; last, so that they take the SM slots the work leaves free).
 template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
 __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads,
                                   AttnCfg<D, kBlockM, kWgmma, kBlockN>::kMinBlocks)
@@ -169,16 +169,15 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
   griddep_wait();
   griddep_launch_dependents();
 
-  if (static_cast<int32_t>(blockIdx.x) < grid.inert_ctas) {
-    write_inert_rows<T>(p, static_cast<int32_t>(blockIdx.x), grid.inert_ctas);
+  const int32_t cta = static_cast<int32_t>(blockIdx.x);
+  if (cta >= grid.work_ctas) {
+    write_inert_rows<T>(p, cta - grid.work_ctas, static_cast<int32_t>(gridDim.x) - grid.work_ctas);
     return;
   }
-  const int32_t cta = static_cast<int32_t>(blockIdx.x) - grid.inert_ctas;
   const int32_t ht = cta % grid.heads_tiles;
   const int32_t rest = cta / grid.heads_tiles;
   const int32_t split = rest % grid.max_splits;
   const int32_t r = rest / grid.max_splits;
-  if (r >= p.num_reqs) return;
   const int32_t g = ht % p.num_kv_heads;
   const int32_t q_cta = ht / p.num_kv_heads;
   const int32_t group = grid.group;
@@ -817,7 +816,7 @@ AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan
   g.group = p.num_q_heads / p.num_kv_heads;
   g.q_tile_ctas = plan.q_tile_ctas;
   g.heads_tiles = p.num_kv_heads * plan.q_tile_ctas;
-  g.inert_ctas = plan.inert_ctas;
+  g.work_ctas = static_cast<int32_t>(plan.grid_ctas - plan.inert_ctas);
   g.max_splits = plan.max_splits;
   g.block_m = plan.block_m;
   g.block_n = plan.block_n;

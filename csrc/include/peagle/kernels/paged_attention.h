@@ -124,8 +124,8 @@ struct PagedAttentionPlan {
   int32_t q_tile_ctas = 0;       // CTAs along the packed-row axis per (request, KV head)
   int32_t max_splits = 1;        // CTAs along the KV axis per (request, KV head, q tile)
   bool needs_workspace = false;  // max_splits > 1: allocate ws_out / ws_lse
-  int32_t inert_ctas = 1;        // leading CTAs that write the rows outside every request
-  int64_t grid_ctas = 0;         // CTAs of the main kernel: inert_ctas + B * Hkv * q_tiles * splits
+  int32_t inert_ctas = 1;        // trailing CTAs that write the rows outside every request
+  int64_t grid_ctas = 0;         // CTAs of the main kernel: B * Hkv * q_tiles * splits + inert
 };
 
 // Fills the plan; p.num_sms must be set. Never fails (unsupported shapes are rejected by the
