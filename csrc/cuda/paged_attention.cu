@@ -366,9 +366,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            // K-major B: k16 step kk is 32 bytes into panel kk / 4; 8-row groups 1024 B apart.
-            const uint32_t addr = sk + (kk >> 2) * (kBlockN * 128) + (kk & 3) * 32;
-            wgmma_qk<T, kBlockN>(s[0], qa[0][kk], wgmma_desc(addr, 16, 1024), kk > 0 ? 1 : 0);
+            wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
           }
           wgmma_commit();
           wgmma_wait<0>();
@@ -477,9 +475,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            // MN-major B: 16 keys per step (rows 128 B apart, 8-row groups 1024 B apart), D/64
-            // panels of 64 values kBlockN * 128 B apart.
-            wgmma_pv<T, D>(o[0], pa[kk], wgmma_desc(sv + kk * 16 * 128, kBlockN * 128, 1024));
+            wgmma_pv<T, D>(o[0], pa[kk], v_operand_desc<kBlockN>(sv, kk));
           }
           wgmma_commit();
           wgmma_wait<0>();  // before the next barrier lets this stage be overwritten

@@ -173,7 +173,7 @@ __device__ __forceinline__ int32_t split_count(int32_t ntk, int32_t max_splits, 
 // exactly wgmma's 128-byte-swizzle canonical layout (K-major for Q and K, MN-major for V), and
 // the 8 row addresses of an ldmatrix phase hit 8 distinct 16-byte bank groups.
 template <int kRows>
-__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+__host__ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 +
                                (((chunk & 7) ^ (row & 7)) << 4));
 }

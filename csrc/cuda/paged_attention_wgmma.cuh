@@ -39,11 +39,26 @@ namespace peagle {
 namespace attn {
 
 // 128-byte-swizzle shared-memory matrix descriptor.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes,
-                                               uint32_t sbo_bytes) {
+__host__ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes,
+                                                        uint32_t sbo_bytes) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4) |
          (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t{1} << 62);
+}
+
+// Descriptor of k16 step kk (head-dim elements 16kk .. 16kk+15) of a K tile at smem address
+// `tile` ([kRows keys, D] in tile_offset's layout) as the K-major B operand of S = Q K^T: 32 bytes
+// into 128-byte panel kk / 4; rows 128 B apart, 8-row groups 1024 B apart.
+template <int kRows>
+__host__ __device__ __forceinline__ uint64_t k_operand_desc(uint32_t tile, int kk) {
+  return wgmma_desc(tile + (kk >> 2) * (kRows * 128) + (kk & 3) * 32, 16, 1024);
+}
+// Descriptor of k16 step kk (keys 16kk .. 16kk+15) of a V tile at smem address `tile` as the
+// MN-major B operand of O += P V: rows 128 B apart, 8-row groups 1024 B apart, 64-column panels
+// kRows * 128 B apart (the leading byte offset).
+template <int kRows>
+__host__ __device__ __forceinline__ uint64_t v_operand_desc(uint32_t tile, int kk) {
+  return wgmma_desc(tile + kk * 16 * 128, kRows * 128, 1024);
 }
 
 // Before the first wgmma of a batch whose accumulator or A registers were touched by ordinary
