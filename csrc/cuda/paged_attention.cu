@@ -245,12 +245,11 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
         const bool ok = static_cast<uint32_t>(blk[j]) < num_blocks;  // also rejects blk < 0
         const int32_t slot = key & (p.block_size - 1);
-        const int64_t koff = ok ? static_cast<int64_t>(blk[j]) * k_stride_block +
-                                      static_cast<int64_t>(slot) * k_stride_slot
-                                : 0;
-        const int64_t voff = ok ? static_cast<int64_t>(blk[j]) * v_stride_block +
-                                      static_cast<int64_t>(slot) * v_stride_slot
-                                : 0;
+        // 32 x 32 -> 64-bit products; offset 0 (nothing is read) when !ok.
+        const int64_t koff =
+            ok ? mul_wide(blk[j], k_stride_block) + mul_wide(slot, k_stride_slot) : 0;
+        const int64_t voff =
+            ok ? mul_wide(blk[j], v_stride_block) + mul_wide(slot, v_stride_slot) : 0;
         const uint32_t dst = s_k + j * kRowsPerPass * 128;  // rows are 128 B apart in a panel
         cp_async_16(dst, k_base + koff, ok);
         cp_async_16(dst + Cfg::kKvTileBytes, v_base + voff, ok);
