@@ -836,9 +836,25 @@ cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan
 // PEAGLE_ATTN_IMPL (benchmarks/tests): "mma" or "wgmma" forces the tensor-core path ("wgmma"
 // only where it exists: sm_90), a "n32" token selects 32-key KV tiles for head_dim 128; unset or
 // "auto": wgmma on sm_90 for GQA groups >= 4, else mma.sync; 64-key tiles.
+// Whether the loaded sm_90 binary has the wgmma kernels: a build for plain sm_90 (not sm_90a)
+// compiles them to a trap stub (PEAGLE_ATTN_HAS_WGMMA == 0), which needs a few dozen registers
+// where the real kernels hold >= 64 fp32 accumulators per thread.
+bool wgmma_compiled() {
+  static const bool compiled = [] {
+    cudaFuncAttributes attr = {};
+    if (cudaFuncGetAttributes(&attr, paged_attention_kernel<__nv_bfloat16, 64, 64, true, 64>) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.numRegs >= 96;
+  }();
+  return compiled;
+}
+
 void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPlan& plan) {
   const char* env = std::getenv("PEAGLE_ATTN_IMPL");
-  const bool has_wgmma = p.arch == 90;
+  const bool has_wgmma = p.arch == 90 && wgmma_compiled();
   plan.impl = has_wgmma && group >= 4 ? kImplWgmma : kImplMma;
   plan.block_n = 64;
   if (env == nullptr) return;
