@@ -324,9 +324,10 @@ def paged_attention(
             ``exp(sinks[h])`` in the softmax denominator that carries no value.
         num_splits: CUDA split-KV count per (request, KV head, query tile); 0 = chosen on the
             device from ``seq_lens`` (capped from host-known sizes; CUDA-graph safe), ``> 0`` =
-            that many (clamped to the request's 64-key tiles), which makes a request's result
-            independent of the rest of the batch. Any mode is bit-reproducible run to run. Ignored
-            on CPU. At most 256.
+            that many (clamped to the request's KV tiles of 64 keys, 32 with the ``n32`` variant),
+            which makes a request's result independent of the rest of the batch. Any mode is
+            bit-reproducible run to run (for a given kernel variant). Ignored on CPU. At most 256;
+            on CUDA also ``B * Hkv * num_splits < 2^31 - 64``.
         return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log of the scaled scores,
             sink included).
         out, lse: preallocated outputs (``out`` may be a strided view with unit stride in ``D``;
@@ -335,8 +336,12 @@ def paged_attention(
     CUDA kernel (csrc/cuda/paged_attention.cu): the GQA group and the request's query rows are
     packed into one MMA tile per KV head (64 rows for ``Hq/Hkv <= 4``, else 128), so every KV
     page is read once per KV head for all rows; the KV range is split across CTAs on the device
-    for small batches / long contexts, with a merge kernel launched by programmatic dependent
-    launch (``PEAGLE_DISABLE_PDL=1`` falls back to a plain launch). No host sync; CUDA-graph safe.
+    for small batches / long contexts, with a merge kernel. Both kernels are launched with
+    programmatic dependent launch (``PEAGLE_DISABLE_PDL=1``: plain launches). Tensor cores:
+    ``wgmma`` on sm_90 for ``Hq/Hkv >= 4``, else ``mma.sync`` (sm_100 always);
+    ``PEAGLE_ATTN_IMPL`` (read at every call, so at graph capture) forces ``mma`` or ``wgmma``
+    and/or ``n32`` (32-key KV tiles, head_dim 128 with 64-row tiles) for benchmarks and tests;
+    variants agree to fp32 accumulation order. No host sync; CUDA-graph safe.
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
