@@ -427,20 +427,20 @@ def test_exponential_race_matches_reference(device, variant):
 
 
 def test_exponential_race_picks_residual_over_e(device):
-    """Hand-checked race: p = [0.1, 0.2, 0.3, 0.4] (no draft_probs, draft 3 rejected with u ~ 1):
-    residual = [0.1, 0.2, 0.3, 0]; with E = [0.05, 1, 1, 1e-9] the ratios are [2, .2, .3, -] so
-    id 0 wins (E of the removed draft is irrelevant); with E = [1, 0.5, 0.75, 1] ids 1 and 2 tie
-    at 0.4 -> the lower id (1)."""
+    """Hand-checked race: p = [0.1, 0.3, 0.3, 0.3] (no draft_probs, draft 3 rejected with u ~ 1):
+    residual = [0.1, 0.3, 0.3, 0]; with E = [0.05, 1, 1, 1e-9] the scores residual * (1/E) are
+    [2, .3, .3, -] so id 0 wins (E of the removed draft is irrelevant); with E = [1, 0.5, 0.5, 1]
+    ids 1 and 2 tie exactly (equal logits, equal E) -> the lower id (1)."""
     v = 4
     case = make_case([1], v, torch.Generator().manual_seed(31), temps=1.0)
-    probs = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    probs = torch.tensor([0.1, 0.3, 0.3, 0.3], dtype=torch.float64)
     case["target_logits"] = torch.log(probs).float().repeat(2, 1)
     case["draft_token_ids"] = torch.tensor([3], dtype=torch.int32)
     case["uniforms"] = torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)
     case["exponentials"] = torch.tensor([[0.05, 1.0, 1.0, 1e-9]])
     got = run_op(case, device)
     assert got.output_token_ids.tolist() == [[0, -1]]
-    case["exponentials"] = torch.tensor([[1.0, 0.5, 0.75, 1.0]])
+    case["exponentials"] = torch.tensor([[1.0, 0.5, 0.5, 1.0]])
     got = run_op(case, device)
     assert got.output_token_ids.tolist() == [[1, -1]]
 
@@ -485,7 +485,7 @@ def test_bonus_token_ids_replace_the_bonus(device, temps):
 def _vllm_v016_style(case: Case, uniforms: torch.Tensor) -> torch.Tensor:
     """vLLM v0.16's probability-level rejection sampler, written here from its documented steps
     (not its code): fp32 logits / T, softmax; accept iff q > 0 and p / q >= u; recovered =
-    argmax(residual / E) over the whole row (residual = p with the draft zeroed, or
+    argmax(residual * (1/E)) over the whole row (residual = p with the draft zeroed, or
     clamp(p - q, 0)); bonus = the given bonus id. Random requests only, no top-k/top-p."""
     logits = case["target_logits"].float()
     cu = case["cu_num_draft_tokens"].tolist()
@@ -509,7 +509,7 @@ def _vllm_v016_style(case: Case, uniforms: torch.Tensor) -> torch.Tensor:
                 res[x] = 0.0
             else:
                 res = torch.clamp(p - q_all[d0 + j].float(), min=0.0)
-            out[r, j] = int(torch.argmax(res / e[r]))
+            out[r, j] = int(torch.argmax(res * e[r].reciprocal()))
             break
         else:
             out[r, n] = int(case["bonus_token_ids"][r])
@@ -1292,3 +1292,157 @@ def test_cuda_deterministic(vocab):
         again = run_op(case, "cuda")
         for x, y in zip(first, again, strict=True):
             assert torch.equal(x, y)
+
+
+def _same_rows(a: VerifyOutput, b: VerifyOutput) -> torch.Tensor:
+    same_tokens = (a.output_token_ids == b.output_token_ids).all(dim=1)
+    return same_tokens & (a.num_accepted == b.num_accepted)
+
+
+# row_filter's three ways to the kept-set threshold (verify_chain_filter.cuh): candidates above
+# a bound (top-k: split maxima; top-p: m - D), every element a candidate (bound -inf and
+# V <= 4096), and radix passes over the whole row (candidates overflow 4096: flat top-p,
+# top_k > 256 on a large vocabulary).
+FILTER_PATHS = {
+    "top_k_candidates": dict(vocab=32001, scale=3.0, top_k=(1, 256), top_p=None),
+    "top_p_candidates": dict(vocab=32001, scale=4.0, top_k=None, top_p=(0.5, 0.95)),
+    "top_k_top_p_candidates": dict(vocab=151936, scale=3.0, top_k=(1, 100), top_p=(0.3, 0.99)),
+    "all_candidates": dict(vocab=1000, scale=2.0, top_k=(257, 999), top_p=(0.6, 1.0)),
+    "fallback_flat_top_p": dict(vocab=32001, scale=0.05, top_k=None, top_p=(0.8, 0.95)),
+    "fallback_large_top_k": dict(vocab=32001, scale=2.0, top_k=(300, 3000), top_p=(0.7, 1.0)),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("path", list(FILTER_PATHS))
+def test_cuda_filter_paths_match_cpu(path):
+    cfg = FILTER_PATHS[path]
+    gen = torch.Generator().manual_seed(len(path))
+    b = 24
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    kw = {}
+    if cfg["top_k"] is not None:
+        lo, hi = cfg["top_k"]
+        kw["top_k"] = [int(x) for x in torch.randint(lo, hi + 1, (b,), generator=gen)]
+    if cfg["top_p"] is not None:
+        lo, hi = cfg["top_p"]
+        kw["top_p"] = [float(x) for x in torch.rand(b, generator=gen) * (hi - lo) + lo]
+    temps = [float(x) for x in torch.rand(b, generator=gen) + 0.5]
+    case = make_case(
+        counts, cfg["vocab"], gen, temps=temps, dtype=torch.bfloat16, scale=cfg["scale"], **kw
+    )
+    cpu, cuda = _agreement(case)
+    check_invariants(cuda, case)
+    assert int((~_same_rows(cpu, cuda)).sum()) <= 1
+    again = run_op(case, "cuda")
+    for x, y in zip(cuda, again, strict=True):
+        assert torch.equal(x, y)
+
+
+@requires_cuda
+def test_cuda_many_requests_loop_over_the_grid():
+    """B = 70000 requests and ~140000 rows: past the 65535 grid-y limit every kernel loops."""
+    gen = torch.Generator().manual_seed(42)
+    b = 70000
+    counts = [int(x) for x in torch.randint(0, 3, (b,), generator=gen)]
+    temps = [0.0 if x < 0.4 else 0.9 for x in torch.rand(b, generator=gen).tolist()]
+    top_k = [int(x) for x in torch.randint(0, 6, (b,), generator=gen)]
+    case = make_case(counts, 7, gen, temps=temps, top_k=top_k, scale=1.5)
+    case["request_mask"] = torch.rand(b, generator=gen) < 0.95
+    cpu, cuda = _agreement(case)
+    check_invariants(cuda, case)
+    same = _same_rows(cpu, cuda)
+    greedy = torch.tensor(temps) == 0.0
+    assert same[greedy].all()
+    assert int((~same).sum()) <= int(0.001 * b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("parity", [False, True], ids=["philox", "vllm_inputs"])
+def test_cuda_graph_replay_is_bit_identical_to_eager(parity):
+    """Counters zeroed in-kernel and the programmatic launches inside a graph: every replay
+    equals the eager call on the same inputs, bit for bit (filtered rows, recovered and bonus
+    tokens, and with parity inputs the exponential race and given bonus ids)."""
+    gen = torch.Generator().manual_seed(43 + parity)
+    b, k, v = 16, 7, 32001
+    kw = {"temps": [0.0, 0.7, 1.0, 1.3] * 4, "top_k": [0, 50, 0, 5] * 4}
+    kw["top_p"] = [1.0, 0.9, 0.8, 1.0] * 4
+    cases = [make_case([k] * b, v, gen, dtype=torch.bfloat16, p_follow=0.9, **kw) for _ in range(3)]
+    for c in cases:
+        if parity:
+            c["exponentials"] = _exponentials(c, gen)
+            c["bonus_token_ids"] = torch.randint(0, v, (b,), generator=gen, dtype=torch.int32)
+            c["uniforms"] = torch.rand(b * k, generator=gen, dtype=torch.float64)
+    static = {
+        key: (val.cuda().clone() if isinstance(val, torch.Tensor) else val)
+        for key, val in cases[0].items()
+    }
+    out = VerifyOutput(
+        torch.empty(b, k + 1, dtype=torch.int32, device="cuda"),
+        torch.empty(b, dtype=torch.int32, device="cuda"),
+        torch.empty(b, k, dtype=torch.bool, device="cuda"),
+    )
+
+    def call():
+        verify_chain(
+            static["target_logits"], static["draft_token_ids"], static["cu_num_draft_tokens"],
+            static["temperature"], static["seeds"], static["offsets"], top_k=static["top_k"],
+            top_p=static["top_p"], uniforms=static["uniforms"],
+            bonus_token_ids=static["bonus_token_ids"], exponentials=static["exponentials"],
+            out=out,
+        )  # fmt: skip
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+        call()  # two calls per replay: the second must not see the first's counters
+    for c in cases + cases[::-1]:
+        want = run_op(c, "cuda")
+        for key, val in c.items():
+            if isinstance(val, torch.Tensor):
+                static[key].copy_(val)
+        poison_(out.output_token_ids)
+        poison_(out.num_accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(out, want, strict=True):
+            assert torch.equal(x.cpu(), y)
+        check_invariants(VerifyOutput(*(t.cpu() for t in out)), c)
+
+
+_PDL_SNIPPET = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_verify_chain import make_case, run_op
+gen = torch.Generator().manual_seed(44)
+case = make_case([7, 0, 3, 5], 32001, gen, temps=[0.0, 0.8, 1.1, 0.6], dtype=torch.bfloat16,
+                 top_k=[0, 40, 0, 3], top_p=[1.0, 0.9, 0.8, 1.0])
+got = run_op(case, "cuda")
+torch.save(tuple(t.clone() for t in got), {path!r})
+"""
+
+
+@requires_cuda
+def test_cuda_plain_launches_match_programmatic(tmp_path):
+    """PEAGLE_DISABLE_PDL=1 (plain launches, read once per process, hence a subprocess) gives the
+    same bits as the programmatic dependent launches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)
+    out = {}
+    for flag in ("0", "1"):
+        path = str(tmp_path / f"pdl{flag}.pt")
+        env = dict(os.environ, PEAGLE_DISABLE_PDL=flag)
+        code = _PDL_SNIPPET.format(tests=tests, path=path)
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+        out[flag] = torch.load(path)
+    for x, y in zip(out["0"], out["1"], strict=True):
+        assert torch.equal(x, y)

@@ -136,7 +136,7 @@ int32_t exponential_race(const VerifyChainParams& p, const RowDist& d, const flo
     const float pv = sv >= d.tau ? weight_of(sv, d.m) / zf : 0.0f;
     const float res = q_row != nullptr ? pv - q_row[v] : (v == exclude ? 0.0f : pv);
     if (!(res > 0.0f)) continue;
-    argmax_push(best, res / e_row[v], v);
+    argmax_push(best, res * (1.0f / e_row[v]), v);  // vLLM 0.28: prob * reciprocal(E)
   }
   return best.idx < 0 ? d.first_max : best.idx;
 }
