@@ -332,6 +332,48 @@ def test_vllm_example_parallel_drafting(dirs, monkeypatch):
         assert torch.equal(hs[12:], before[12:])  # nothing written past T_out
 
 
+def test_vllm_example_draft_model(dirs, monkeypatch):
+    """vLLM's serial draft-model first-pass example (SPEC.md §3.7 Example 2: K = 2, one slot, no
+    shift), through vLLM's own proposer and through the op in the adapter's encoded form."""
+    p = build(dirs, monkeypatch, active=False, method="draft_model", k=2, parallel=False)
+    qsl = torch.tensor([0, 3, 5], dtype=torch.int32)
+    ids = torch.tensor([10, 11, 12, 20, 21], dtype=torch.int32)
+    pos = torch.tensor([0, 1, 2, 0, 1])
+    nxt = torch.tensor([100, 200], dtype=torch.int32)
+    nrej = torch.tensor([1, 0], dtype=torch.int32)
+    seq_lens = torch.tensor([3, 2], dtype=torch.int32)
+    bt = torch.tensor([[1] + [0] * 31, [2] + [0] * 31], dtype=torch.int32)
+    cad = v.CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens, num_reqs=2,
+        num_actual_tokens=5, max_query_len=3, max_seq_len=3, block_table_tensor=bt,
+        slot_mapping=torch.zeros(5, dtype=torch.int64),
+    )  # fmt: skip
+    n, tis, new = p.set_inputs_first_pass(
+        target_token_ids=ids, next_token_ids=nxt, target_positions=pos,
+        target_hidden_states=torch.empty(5, 0), token_indices_to_sample=None, cad=cad,
+        num_rejected_tokens_gpu=nrej,
+    )  # fmt: skip
+    out = peagle.ops.prepare_draft_inputs(
+        ids, pos, qsl, seq_lens, nxt.view(2, 1), torch.zeros(2, dtype=torch.bool), nxt,
+        nrej.cumsum(0).int(), bt, num_padding_slots_per_request=1, mask_token_id=MASK_TOKEN,
+        block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, vocab_size=2**31 - 1,
+        shift_input_ids=False,
+    )  # fmt: skip
+    for got_ids, got_pos, got_rej, got_tis, got_qsl, got_seq, got_slots in [
+        (p.input_ids[:n], p.positions[:n], p.is_rejected_token_mask[:n], tis,
+         new.query_start_loc, new.seq_lens, new.slot_mapping),
+        (out.input_ids, out.positions, out.is_rejected, out.token_indices_to_sample,
+         out.query_start_loc, out.seq_lens, out.slot_mapping),
+    ]:  # fmt: skip
+        assert got_ids.tolist() == [10, 11, 100, 0, 20, 21, 200]
+        assert got_pos.tolist() == [0, 1, 2, 0, 0, 1, 2]
+        assert got_rej.nonzero().flatten().tolist() == [3]
+        assert got_tis.tolist() == [2, 6]
+        assert got_qsl.tolist() == [0, 4, 7] and got_seq.tolist() == [4, 3]
+        assert got_slots.tolist() == [16, 17, 18, -1, 32, 33, 34]
+    assert not out.is_masked.any() and not p.is_masked_token_mask[:n].any()
+
+
 # --------------------------------------------------------------------------------------------
 # The op in its Stage A/B-input form == vLLM, shift on (EAGLE) and off (PARD / draft model)
 # --------------------------------------------------------------------------------------------
