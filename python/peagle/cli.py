@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("generate",)
+COMMANDS = ("generate", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,66 @@
+"""Sizes and training budgets of the default pair (CPU variant and the H200 recipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from default_pair.target_lm import TargetRecipe, TargetShape
+
+
+@dataclass
+class DrafterRecipe:
+    num_layers: int
+    intermediate_size: int
+    steps: int
+    seq_len: int
+    lr: float
+    k: int = 10  # trained depth (P-EAGLE) / test-time-training steps (EAGLE-3)
+    cod_r: float = 0.7
+    cod_r_min: float = 0.2
+    partitions: int = 1
+    grad_accum: int = 1
+
+
+@dataclass
+class Recipe:
+    name: str
+    vocab_size: int
+    target: TargetShape
+    target_train: TargetRecipe
+    peagle: DrafterRecipe
+    eagle3: DrafterRecipe
+    draft_vocab_size: int
+    eval_prompts: int = 48
+    eval_prompt_tokens: int = 96
+    eval_new_tokens: int = 96
+    max_package_bytes: int = 16 * 1024 * 1024
+    extra: dict = field(default_factory=dict)
+
+
+RECIPES = {
+    # Produced the shipped pair on a 2-core CPU (~90 minutes of wall time in all).
+    "cpu": Recipe(
+        name="cpu",
+        vocab_size=2048,
+        target=TargetShape(hidden_size=256, num_layers=4, intermediate_size=640, num_kv_heads=2),
+        target_train=TargetRecipe(steps=1200, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
+        peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=1500, seq_len=256, lr=1e-3),
+        eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1000, seq_len=256, lr=1e-3),
+        draft_vocab_size=1024,
+    ),
+    # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5.
+    "gpu": Recipe(
+        name="gpu",
+        vocab_size=2048,
+        target=TargetShape(hidden_size=256, num_layers=6, intermediate_size=512, num_kv_heads=2),
+        target_train=TargetRecipe(steps=6000, batch_size=32, seq_len=512, lr=2e-3, warmup=200),
+        peagle=DrafterRecipe(
+            num_layers=2, intermediate_size=384, steps=12000, seq_len=1024, lr=1e-3, grad_accum=2
+        ),
+        eagle3=DrafterRecipe(
+            num_layers=1, intermediate_size=384, steps=8000, seq_len=1024, lr=1e-3, grad_accum=2
+        ),
+        draft_vocab_size=1024,
+        eval_prompts=96,
+    ),
+}

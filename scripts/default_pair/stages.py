@@ -1,0 +1,131 @@
+"""The stages of scripts/train_default_pair.py; each returns True when finished."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from default_pair import stdlib_corpus
+from default_pair.recipes import Recipe
+from default_pair.target_lm import export_target, train_target
+from default_pair.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer, train_tokenizer
+
+
+@dataclass
+class Context:
+    work_dir: Path
+    package_dir: Path
+    recipe: Recipe
+    device: torch.device
+    deadline: float
+    log: Callable[[str], None]
+    info: dict
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.work_dir / "tokenizer"
+
+    @property
+    def target_dir(self) -> Path:
+        return self.work_dir / "target"
+
+
+@dataclass
+class Stage:
+    name: str
+    run: Callable[[Context], bool]
+
+
+def stage_tokenizer(ctx: Context) -> bool:
+    train, held = stdlib_corpus.load_stdlib()
+    ctx.log(
+        f"stdlib {stdlib_corpus.stdlib_root()} (Python {stdlib_corpus.python_version()}): "
+        f"{len(train)} training files ({sum(len(d.text) for d in train) / 1e6:.1f} MB), "
+        f"{len(held)} held-out files of modules {', '.join(stdlib_corpus.HELD_OUT_MODULES)}"
+    )
+    tok = train_tokenizer((d.text for d in train), ctx.recipe.vocab_size, ctx.tokenizer_dir)
+    ctx.info["corpus"] = {
+        "python_version": stdlib_corpus.python_version(),
+        "train_files": len(train),
+        "train_bytes": sum(len(d.text.encode()) for d in train),
+        "held_out_files": len(held),
+        "held_out_modules": list(stdlib_corpus.HELD_OUT_MODULES),
+        "vocab_size": len(tok),
+    }
+    return True
+
+
+def stage_tokenize(ctx: Context) -> bool:
+    tok = load_tokenizer(ctx.tokenizer_dir)
+    eos = tok.convert_tokens_to_ids(EOS_TOKEN)
+    train, held = stdlib_corpus.load_stdlib()
+    for name, docs in (("train", train), ("held_out", held)):
+        ids = tok([d.text for d in docs], add_special_tokens=False)["input_ids"]
+        stream = torch.tensor([t for seq in ids for t in (*seq, eos)], dtype=torch.int32)
+        torch.save(stream, ctx.work_dir / f"{name}_stream.pt")
+        with open(ctx.work_dir / f"{name}.jsonl", "w") as f:
+            for d in docs:
+                f.write(json.dumps({"text": d.text, "path": d.relpath}) + "\n")
+        ctx.log(
+            f"{name}: {len(docs)} files, {stream.numel()} tokens "
+            f"({sum(len(d.text.encode()) for d in docs) / stream.numel():.2f} bytes/token)"
+        )
+        ctx.info.setdefault("corpus", {})[f"{name}_tokens"] = stream.numel()
+    # Held-out evaluation prompts: a window of code from a random place in a held-out file.
+    r, rng, prompts = ctx.recipe, random.Random(1234), []
+    held_ids = tok([d.text for d in held], add_special_tokens=False)["input_ids"]
+    usable = [
+        i for i, s in enumerate(held_ids) if len(s) > r.eval_prompt_tokens + r.eval_new_tokens
+    ]
+    for _ in range(r.eval_prompts):
+        i = rng.choice(usable)
+        start = rng.randrange(0, len(held_ids[i]) - r.eval_prompt_tokens - r.eval_new_tokens)
+        prompt = tok.decode(held_ids[i][start : start + r.eval_prompt_tokens])
+        prompts.append({"prompt": prompt, "path": held[i].relpath})
+    with open(ctx.work_dir / "eval_prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+    return True
+
+
+def stage_target(ctx: Context) -> bool:
+    tok = load_tokenizer(ctx.tokenizer_dir)
+    r = ctx.recipe
+    finished = train_target(
+        ctx.work_dir / "target_run",
+        r.target,
+        r.target_train,
+        len(tok),
+        tok.convert_tokens_to_ids(EOS_TOKEN),
+        torch.load(ctx.work_dir / "train_stream.pt"),
+        torch.load(ctx.work_dir / "held_out_stream.pt"),
+        ctx.device,
+        ctx.deadline,
+        ctx.log,
+    )
+    if finished:
+        export_target(
+            ctx.work_dir / "target_run",
+            r.target,
+            len(tok),
+            tok.convert_tokens_to_ids(EOS_TOKEN),
+            ctx.target_dir,
+        )
+        tok.save_pretrained(str(ctx.target_dir))
+        ctx.log(
+            f"target written to {ctx.target_dir} (mask token id "
+            f"{tok.convert_tokens_to_ids(MASK_TOKEN)})"
+        )
+    return finished
+
+
+STAGES = [
+    Stage("tokenizer", stage_tokenizer),
+    Stage("tokenize", stage_tokenize),
+    Stage("target", stage_target),
+]
