@@ -124,8 +124,133 @@ def stage_target(ctx: Context) -> bool:
     return finished
 
 
+def _train_drafter(ctx: Context, method: str) -> bool:
+    """``peagle train`` (the real CLI) for one head; resumes from its output directory."""
+    import time
+
+    from peagle.cli import main as peagle_main
+
+    r = getattr(ctx.recipe, method)
+    out = ctx.work_dir / method
+    remaining = ctx.deadline - time.monotonic()
+    if remaining <= 30:
+        return False
+    argv = [
+        "train",
+        "--target", str(ctx.target_dir),
+        "--data", str(ctx.work_dir / "train.jsonl"),
+        "--output", str(out),
+        "--method", method,
+        "--num-layers", str(r.num_layers),
+        "--intermediate-size", str(r.intermediate_size),
+        "--draft-vocab-size", str(ctx.recipe.draft_vocab_size),
+        "-k", str(r.k),
+        "--cod-r", str(r.cod_r),
+        "--cod-r-min", str(r.cod_r_min),
+        "--partitions", str(r.partitions),
+        "--seq-len", str(r.seq_len),
+        "--steps", str(r.steps),
+        "--grad-accum", str(r.grad_accum),
+        "--lr", str(r.lr),
+        "--device", str(ctx.device),
+        "--save-every", "100",
+        "--log-every", "25",
+        "--no-progress",
+    ]  # fmt: skip
+    if remaining != float("inf"):
+        argv += ["--time-limit", str(max(1.0, remaining - 20))]
+    ctx.log(f"peagle {' '.join(argv)}")
+    rc = peagle_main(argv)
+    with open(out / "train_log.jsonl") as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    if lines:
+        last = lines[-1]
+        ctx.log(
+            f"{method}: step {last['step']} loss {last['loss']:.4f} acc/depth "
+            + " ".join(f"{a:.2f}" for a in last["acc_per_depth"])
+            + f" {last['tokens_per_s']:.0f} tok/s"
+        )
+    return rc == 0
+
+
+def stage_peagle(ctx: Context) -> bool:
+    return _train_drafter(ctx, "peagle")
+
+
+def stage_eagle3(ctx: Context) -> bool:
+    return _train_drafter(ctx, "eagle3")
+
+
+_SHIPPED_SUFFIXES = (".json", ".safetensors", ".txt")
+_NOT_SHIPPED = ("train_state.pt", "train_log.jsonl")
+
+
+def _copy_model(src: Path, dst: Path) -> int:
+    import shutil
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    total = 0
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.suffix in _SHIPPED_SUFFIXES and f.name not in _NOT_SHIPPED:
+            shutil.copy2(f, dst / f.name)
+            total += f.stat().st_size
+    return total
+
+
+def stage_package(ctx: Context) -> bool:
+    pkg = ctx.package_dir
+    pkg.mkdir(parents=True, exist_ok=True)
+    sizes = {
+        "target": _copy_model(ctx.target_dir, pkg / "target"),
+        "peagle": _copy_model(ctx.work_dir / "peagle", pkg / "peagle"),
+        "eagle3": _copy_model(ctx.work_dir / "eagle3", pkg / "eagle3"),
+    }
+    total = sum(sizes.values())
+    ctx.log(f"package {pkg}: {sizes} = {total / 2**20:.2f} MiB")
+    if total > ctx.recipe.max_package_bytes:
+        raise SystemExit(
+            f"the pair takes {total} bytes, over the {ctx.recipe.max_package_bytes}-byte budget"
+        )
+    ctx.info["package_bytes"] = sizes
+    return True
+
+
+def stage_measure(ctx: Context) -> bool:
+    from default_pair.measure import acceptance_lengths, load_prompts
+
+    r = ctx.recipe
+    prompts = load_prompts(ctx.work_dir / "eval_prompts.jsonl")
+    results = {"python_version": stdlib_corpus.python_version(), "recipe": r.name, "heads": {}}
+    for method in ("peagle", "eagle3"):
+        res = acceptance_lengths(
+            ctx.package_dir / "target",
+            ctx.package_dir / method,
+            method,
+            prompts,
+            list(range(1, 11)),
+            r.eval_new_tokens,
+            ctx.device,
+        )
+        results["heads"][method] = res
+        ctx.log(
+            f"{method} acceptance length per K: "
+            + " ".join(f"K={k}:{v['acceptance_length']:.2f}" for k, v in res.items())
+        )
+    results["num_prompts"] = len(prompts)
+    results["max_new_tokens"] = r.eval_new_tokens
+    (ctx.work_dir / "results.json").write_text(json.dumps(results, indent=2))
+    ctx.info["results"] = results
+    return True
+
+
 STAGES = [
     Stage("tokenizer", stage_tokenizer),
     Stage("tokenize", stage_tokenize),
     Stage("target", stage_target),
+    Stage("peagle", stage_peagle),
+    Stage("eagle3", stage_eagle3),
+    Stage("package", stage_package),
+    Stage("measure", stage_measure),
 ]
