@@ -44,8 +44,8 @@ RECIPES = {
         vocab_size=2048,
         target=TargetShape(hidden_size=256, num_layers=4, intermediate_size=640, num_kv_heads=2),
         target_train=TargetRecipe(steps=1200, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
-        peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=1500, seq_len=256, lr=1e-3),
-        eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1000, seq_len=256, lr=1e-3),
+        peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=2400, seq_len=256, lr=1e-3),
+        eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1600, seq_len=256, lr=1e-3),
         draft_vocab_size=1024,
     ),
     # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5.
@@ -55,12 +55,25 @@ RECIPES = {
         target=TargetShape(hidden_size=256, num_layers=6, intermediate_size=512, num_kv_heads=2),
         target_train=TargetRecipe(steps=6000, batch_size=32, seq_len=512, lr=2e-3, warmup=200),
         peagle=DrafterRecipe(
-            num_layers=2, intermediate_size=384, steps=12000, seq_len=1024, lr=1e-3, grad_accum=2
+            num_layers=2, intermediate_size=384, steps=3000, seq_len=1024, lr=1e-3, grad_accum=4
         ),
         eagle3=DrafterRecipe(
-            num_layers=1, intermediate_size=384, steps=8000, seq_len=1024, lr=1e-3, grad_accum=2
+            num_layers=1, intermediate_size=384, steps=2000, seq_len=1024, lr=1e-3, grad_accum=4
         ),
         draft_vocab_size=1024,
         eval_prompts=96,
+    ),
+    # A minutes-long run of every stage (checks the script, not a useful pair).
+    "smoke": Recipe(
+        name="smoke",
+        vocab_size=512,
+        target=TargetShape(hidden_size=128, num_layers=4, intermediate_size=256, num_kv_heads=1),
+        target_train=TargetRecipe(steps=30, batch_size=4, seq_len=128, lr=2e-3, warmup=5),
+        peagle=DrafterRecipe(num_layers=2, intermediate_size=128, steps=6, seq_len=128, lr=1e-3),
+        eagle3=DrafterRecipe(num_layers=1, intermediate_size=128, steps=4, seq_len=128, lr=1e-3),
+        draft_vocab_size=256,
+        eval_prompts=4,
+        eval_prompt_tokens=32,
+        eval_new_tokens=16,
     ),
 }

@@ -214,7 +214,30 @@ def stage_package(ctx: Context) -> bool:
             f"the pair takes {total} bytes, over the {ctx.recipe.max_package_bytes}-byte budget"
         )
     ctx.info["package_bytes"] = sizes
+    _write_pair_json(ctx)
     return True
+
+
+def _write_pair_json(ctx: Context) -> None:
+    info = {
+        "python_version": stdlib_corpus.python_version(),
+        "corpus": ctx.info.get("corpus", {}),
+        "recipe": ctx.recipe.name,
+        "package_bytes": ctx.info.get("package_bytes", {}),
+        "mask_token": MASK_TOKEN,
+        "eos_token": EOS_TOKEN,
+    }
+    if "results" in ctx.info:
+        info["acceptance_length"] = {
+            m: {k: v["acceptance_length"] for k, v in res.items()}
+            for m, res in ctx.info["results"]["heads"].items()
+        }
+        info["eval"] = {
+            "prompts": ctx.info["results"]["num_prompts"],
+            "max_new_tokens": ctx.info["results"]["max_new_tokens"],
+            "greedy": True,
+        }
+    (ctx.package_dir / "pair.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
 def stage_measure(ctx: Context) -> bool:
@@ -242,6 +265,15 @@ def stage_measure(ctx: Context) -> bool:
     results["max_new_tokens"] = r.eval_new_tokens
     (ctx.work_dir / "results.json").write_text(json.dumps(results, indent=2))
     ctx.info["results"] = results
+    _write_pair_json(ctx)
+    return True
+
+
+def stage_report(ctx: Context) -> bool:
+    from default_pair.report import write_report
+
+    path = write_report(ctx)
+    ctx.log(f"report written to {path}")
     return True
 
 
@@ -253,4 +285,5 @@ STAGES = [
     Stage("eagle3", stage_eagle3),
     Stage("package", stage_package),
     Stage("measure", stage_measure),
+    Stage("report", stage_report),
 ]
