@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import peagle  # noqa: F401  (loads torch.ops.peagle)
 import pytest
 import torch
+
+import peagle  # noqa: F401  (loads torch.ops.peagle)
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")

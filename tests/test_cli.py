@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import torch
-from peagle.cli import main
 from tiny_models import make_tokenizer, save_pair, word
+
+from peagle.cli import main
 
 CHAT = "{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
 

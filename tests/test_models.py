@@ -14,6 +14,10 @@ import json
 
 import pytest
 import torch
+from reference.drafter import drafter_forward_ref
+from safetensors.torch import load_file, save_file
+from tiny_models import HIDDEN, VOCAB, drafter_config_dict, make_drafter, make_target
+
 from peagle.models import (
     AttentionMetadata,
     DrafterConfig,
@@ -21,9 +25,6 @@ from peagle.models import (
     TargetRunner,
     load_model_pair,
 )
-from reference.drafter import drafter_forward_ref
-from safetensors.torch import load_file, save_file
-from tiny_models import HIDDEN, VOCAB, drafter_config_dict, make_drafter, make_target
 
 BLOCK = 4
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 paged computation vs float64 / HF float32

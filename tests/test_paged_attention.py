@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import peagle
 import pytest
 import torch
 from conftest import poison_, requires_cuda
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
+
+import peagle
 
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 
@@ -187,6 +188,8 @@ SHAPES = [
     (32, 4, 64, 32, "plain"),
     (32, 8, 128, 16, "split2"),
     (64, 8, 64, 16, "padded"),
+    (64, 8, 128, 16, "plain"),  # CUDA: 128-row tiles of 8 warps
+    (32, 2, 64, 8, "split2"),  # GQA 16: a 14-row request spans two 128-row tiles
 ]
 
 
@@ -430,7 +433,7 @@ def test_bad_inputs(device, gen):
             {"query": pb.query[..., :32]},
             "head_dim" if device == "cuda" else "key_cache must have shape",
         ),
-        ({"query": pb.query.transpose(1, 2)}, "unit stride"),
+        ({"query": pb.query.transpose(1, 2)}, "unit stride|head_dim"),
         ({"query": pb.query.int()}, "dtype"),
         ({"key_cache": pb.key_cache[:, :6]}, "power of two"),
         ({"value_cache": pb.value_cache[..., :32]}, "value_cache must have shape"),
@@ -489,6 +492,11 @@ def test_cuda_rejects_unsupported_shapes(gen):
     pb = make_problem(gen, [3], [10], 4, 2, 64, 16, torch.float32, "cuda")
     with pytest.raises(RuntimeError, match="bfloat16 or float16"):
         _call(_args(pb))
+    # cp.async needs 16-byte aligned rows: a query view starting at an odd element is refused.
+    pb = make_problem(gen, [3], [10], 4, 2, 64, 16, torch.bfloat16, "cuda")
+    wide = torch.zeros(3, 4, 72, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        _call({**_args(pb), "query": wide[..., 1:65]})
 
 
 # ---------------------------------------------------------------------------------------------

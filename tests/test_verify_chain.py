@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import poison_, requires_cuda
-from peagle.ops import VerifyOutput, verify_chain
 from reference import philox as rph
 from reference.verify_chain import kept_mask, scores, target_probs, verify_chain_reference
+
+from peagle.ops import VerifyOutput, verify_chain
 
 MARGIN_TOL = 1e-4  # decisions closer than this to flipping may differ from the fp64 reference
 

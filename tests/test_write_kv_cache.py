@@ -4,12 +4,13 @@ views are honoured."""
 
 from __future__ import annotations
 
-import peagle
 import pytest
 import torch
 from conftest import requires_cuda
 from reference.paged_attention import paged_attention_ref
 from reference.write_kv_cache import write_kv_cache_ref
+
+import peagle
 
 
 def make_caches(gen, num_blocks, block_size, hkv, d, dtype, device, layout):

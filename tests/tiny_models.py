@@ -11,8 +11,9 @@ features, so its NTP drafts are usually right and deeper drafts sometimes: every
 from __future__ import annotations
 
 import torch
-from peagle.models import DrafterConfig, Eagle3Drafter
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from peagle.models import DrafterConfig, Eagle3Drafter
 
 VOCAB = 97  # odd on purpose
 HIDDEN = 64
@@ -35,6 +36,7 @@ def make_target(
     max_position_embeddings: int = 256,
     eos_token_id: int | None = None,
     constant_token: int | None = None,
+    head_dim: int = 16,
 ):
     """A tiny causal LM (float32) with mostly-bigram, clear-margin greedy behaviour.
 
@@ -44,12 +46,12 @@ def make_target(
     """
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=HIDDEN,
+        hidden_size=4 * head_dim,
         intermediate_size=128,
         num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
         rope_theta=10000.0,
         tie_word_embeddings=False,
@@ -73,16 +75,17 @@ def make_target(
         w = torch.empty_like(model.lm_head.weight)
         w[g] = _unit_rows(e)
         if constant_token is not None:
-            u = common_direction(seed)
+            u = common_direction(seed, e.shape[1])
             e.add_(8.0 * u)
             w[constant_token] = 2.0 * u
         model.lm_head.weight.copy_(w * sharpen)
+        f = (HIDDEN / e.shape[1]) ** 0.5  # same activation scales at any width
         for layer in model.model.layers:
             for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                lin.weight.normal_(0.0, 0.2, generator=gen)
-            layer.self_attn.o_proj.weight.normal_(0.0, 0.2 * layer_scale, generator=gen)
-            layer.mlp.gate_proj.weight.normal_(0.0, 0.2, generator=gen)
-            layer.mlp.up_proj.weight.normal_(0.0, 0.2, generator=gen)
+                lin.weight.normal_(0.0, 0.2 * f, generator=gen)
+            layer.self_attn.o_proj.weight.normal_(0.0, 0.2 * f * layer_scale, generator=gen)
+            layer.mlp.gate_proj.weight.normal_(0.0, 0.2 * f, generator=gen)
+            layer.mlp.up_proj.weight.normal_(0.0, 0.2 * f, generator=gen)
             layer.mlp.down_proj.weight.normal_(0.0, 0.1 * layer_scale, generator=gen)
     return model.eval(), g
 
@@ -93,16 +96,17 @@ def drafter_config_dict(
     num_layers: int = 2,
     aux_layer_ids=None,
     max_position_embeddings: int = 256,
+    head_dim: int = 16,
 ) -> dict:
     """A ``config.json`` dictionary in the released P-EAGLE layout (SPEC §2.3)."""
     d = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
-        "hidden_size": HIDDEN,
+        "hidden_size": 4 * head_dim,
         "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
+        "head_dim": head_dim,
         "intermediate_size": 96,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
@@ -112,7 +116,7 @@ def drafter_config_dict(
         "attention_bias": False,
         "mlp_bias": False,
         "norm_before_residual": False,
-        "target_hidden_size": HIDDEN,
+        "target_hidden_size": 4 * head_dim,
         "vocab_size": VOCAB,
         "draft_vocab_size": VOCAB,
         "eagle_config": {"use_aux_hidden_state": True},
@@ -125,8 +129,8 @@ def drafter_config_dict(
     return d
 
 
-def common_direction(seed: int) -> torch.Tensor:
-    return _unit_rows(torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed + 3)))
+def common_direction(seed: int, hidden: int = HIDDEN) -> torch.Tensor:
+    return _unit_rows(torch.randn(hidden, generator=torch.Generator().manual_seed(seed + 3)))
 
 
 def make_drafter(
@@ -140,6 +144,7 @@ def make_drafter(
 ) -> Eagle3Drafter:
     """A drafter that mostly predicts ``g(g(t_p))`` from the target features of position p
     (always ``constant_token`` if given)."""
+    cfg_kw.setdefault("head_dim", target.config.head_dim)
     cfg = DrafterConfig.from_dict(drafter_config_dict(**cfg_kw))
     gen = torch.Generator().manual_seed(seed + 7)
     d = Eagle3Drafter(cfg, with_mask_hidden=parallel)
@@ -159,7 +164,7 @@ def make_drafter(
         w = torch.empty_like(d.lm_head.weight)
         w[gg] = _unit_rows(target.model.embed_tokens.weight)
         if constant_token is not None:
-            u = common_direction(seed)
+            u = common_direction(seed, h)
             w[constant_token] = 8.0 * u
             if d.mask_hidden is not None:
                 d.mask_hidden.copy_(torch.cat([u, u, u]).view(1, 1, -1) * 8.0)

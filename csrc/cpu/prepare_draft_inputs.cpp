@@ -53,7 +53,8 @@ void run_prepare_draft_inputs_cpu(const PrepareDraftInputsParams& p) {
   const int64_t n_new = p.num_slots - p.shift;
   at::parallel_for(0, p.num_reqs, 1, [&](int64_t begin, int64_t end) {
     for (int32_t r = static_cast<int32_t>(begin); r < end; ++r) {
-      const DraftRequestPlan plan = plan_draft_request(p, r);
+      DraftRequestPlan plan = plan_draft_request(p, r);
+      plan.p0 = first_position(p, plan);
       p.next_token_ids[r] = plan.next_token;
       p.valid_sampled_tokens_count[r] = plan.valid_count;
       p.new_query_start_loc[r] = p.query_start_loc[r] + static_cast<int32_t>(r * n_new);
@@ -77,7 +78,7 @@ void run_prepare_draft_inputs_cpu(const PrepareDraftInputsParams& p) {
               static_cast<int32_t>(o);
         }
         if (p.hidden_row_bytes > 0) {
-          const int64_t src = hidden_source(plan, row, j);
+          const int64_t src = hidden_source(plan, p.num_slots, j);
           char* dst = p.hidden_states + o * p.hidden_stride;
           if (src == -2) {
             std::memcpy(dst, p.mask_hidden, p.hidden_row_bytes);

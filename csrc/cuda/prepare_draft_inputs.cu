@@ -1,13 +1,15 @@
 // CUDA prepare_draft_inputs: the whole P-EAGLE draft-batch step in ONE launch (torch-free).
 //
 // Work is split by drafter output row, not by request, so ragged batches (long prefills next
-// to decodes) stay balanced: block b owns rows [b*R, (b+1)*R). Each block
-//   1. stages the target query_start_loc in shared memory,
-//   2. for each of its rows (one thread per row) finds the owning request by binary search,
-//      recomputes that request's Stage A/B plan (a few cached loads) and writes the row's id,
-//      position, flags, slot and, for sampled rows, the sample index,
-//   3. copies the hidden rows with all its threads: target rows with 16-byte vectors when
-//      everything is 16-byte aligned (narrower otherwise), mask rows from fc(mask_hidden).
+// to decodes) stay balanced: block b owns rows [b*R, (b+1)*R), R <= 32. Latency matters more
+// than bandwidth for small batches (the op is a chain of dependent loads), so each block
+//   1. stages the target query_start_loc in shared memory;
+//   2. (one thread per row) finds the owning request by binary search and computes its Stage
+//      A/B plan with every request-level load issued at once; the row's hidden source (target
+//      row or mask vector) follows from the plan alone and goes to shared memory;
+//   3. splits: warp 0 finishes the rows (position -> block table -> slot; ids; flags; sample
+//      indices) while warps 1..7 copy the hidden rows (16-byte vectors when every address and
+//      stride is 16-byte aligned, narrower otherwise), so the two dependent chains overlap.
 // Threads with global index r < B also write request r's per-request outputs. The padded tail
 // [T_in + B*N, num_out_rows) is written inert. No host sync, CUDA-graph safe.
 #include <cuda_runtime.h>
@@ -39,36 +41,53 @@ __device__ __forceinline__ int32_t find_request(const int32_t* qsl, int32_t b, i
   return lo;
 }
 
+// Copies `rows` hidden rows (dst_row[i] <- src_row[i]; src -2 = the mask vector) with the
+// threads [first_thread, kThreads) of the block.
 template <typename Vec>
 __device__ __forceinline__ void copy_rows(const PrepareDraftInputsParams& p, const int64_t* dst_row,
-                                          const int64_t* src_row, int rows) {
+                                          const int64_t* src_row, int rows, int first_thread) {
   // rows <= kMaxRowsPerBlock and a row is < 2^31 bytes, so 32-bit indices suffice.
   const uint32_t n_vec = static_cast<uint32_t>(p.hidden_row_bytes / static_cast<int64_t>(sizeof(Vec)));
   const uint32_t total = n_vec * static_cast<uint32_t>(rows);
+  const uint32_t stride = kThreads - first_thread;
   // Unrolled by 4 so that several independent loads are in flight per thread.
-  for (uint32_t base = threadIdx.x; base < total; base += 4 * kThreads) {
+  for (uint32_t base = threadIdx.x - first_thread; base < total; base += 4 * stride) {
     Vec v[4];
-    uint32_t idx[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      idx[u] = base + u * kThreads;
-      if (idx[u] < total) {
-        const uint32_t i = idx[u] / n_vec;
-        const uint32_t c = idx[u] - i * n_vec;
+      const uint32_t idx = base + u * stride;
+      if (idx < total) {
+        const uint32_t i = idx / n_vec;
         const int64_t src = src_row[i];
         const Vec* s = src == -2 ? reinterpret_cast<const Vec*>(p.mask_hidden)
                                  : reinterpret_cast<const Vec*>(p.target_hidden + src * p.target_hidden_stride);
-        v[u] = s[c];
+        v[u] = s[idx - i * n_vec];
       }
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      if (idx[u] < total) {
-        const uint32_t i = idx[u] / n_vec;
-        const uint32_t c = idx[u] - i * n_vec;
-        reinterpret_cast<Vec*>(p.hidden_states + dst_row[i] * p.hidden_stride)[c] = v[u];
+      const uint32_t idx = base + u * stride;
+      if (idx < total) {
+        const uint32_t i = idx / n_vec;
+        reinterpret_cast<Vec*>(p.hidden_states + dst_row[i] * p.hidden_stride)[idx - i * n_vec] = v[u];
       }
     }
+  }
+}
+
+template <int kVecBytes>
+__device__ __forceinline__ void copy_hidden(const PrepareDraftInputsParams& p, const int64_t* dst,
+                                            const int64_t* src, int rows, int first_thread) {
+  if constexpr (kVecBytes == 16) {
+    copy_rows<uint4>(p, dst, src, rows, first_thread);
+  } else if constexpr (kVecBytes == 8) {
+    copy_rows<uint2>(p, dst, src, rows, first_thread);
+  } else if constexpr (kVecBytes == 4) {
+    copy_rows<uint32_t>(p, dst, src, rows, first_thread);
+  } else if constexpr (kVecBytes == 2) {
+    copy_rows<uint16_t>(p, dst, src, rows, first_thread);
+  } else {
+    copy_rows<uint8_t>(p, dst, src, rows, first_thread);
   }
 }
 
@@ -85,8 +104,6 @@ __global__ void __launch_bounds__(kThreads)
   const bool qsl_in_smem = b + 1 <= kSmemQslEntries;
   for (int i = threadIdx.x; qsl_in_smem && i <= b; i += kThreads) smem_qsl[i] = p.query_start_loc[i];
   if (threadIdx.x == 0) s_num_copies = 0;
-  __syncthreads();
-  const int32_t* qsl = qsl_in_smem ? smem_qsl : p.query_start_loc;
 
   // Per-request outputs (one thread per request across the grid).
   const int64_t gid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -104,51 +121,52 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (gid == 0) p.new_query_start_loc[b] = p.query_start_loc[b] + b * n_new;
+  __syncthreads();
+  const int32_t* qsl = qsl_in_smem ? smem_qsl : p.query_start_loc;
 
-  // Row outputs.
+  // Phase 2: owning request, plan, hidden source of each row (warp 0, one thread per row).
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  if (threadIdx.x < rows_per_block && row0 + threadIdx.x < p.num_out_rows) {
-    const int64_t o = row0 + threadIdx.x;
-    const int64_t tail = clamp_val<int64_t>(qsl[b], 0, p.num_target_tokens) + static_cast<int64_t>(b) * n_new;
-    DraftRow row{kInertTokenId, 0, false, false, kPaddingSlotId};
-    int64_t src = -1;
-    if (o < tail && b > 0) {
-      const int32_t r = find_request(qsl, b, p.num_target_tokens, n_new, o);
-      const DraftRequestPlan plan = plan_draft_request(p, r);
-      const int32_t j = static_cast<int32_t>(o - plan.out0);
-      if (j >= 0 && j < plan.rows) {
+  const int64_t o = row0 + threadIdx.x;
+  const bool row_thread = threadIdx.x < rows_per_block && o < p.num_out_rows;
+  const int64_t tail =
+      clamp_val<int64_t>(qsl[b], 0, p.num_target_tokens) + static_cast<int64_t>(b) * n_new;
+  DraftRequestPlan plan;
+  int32_t r = 0, j = -1;
+  if (row_thread && o < tail && b > 0) {
+    r = find_request(qsl, b, p.num_target_tokens, n_new, o);
+    plan = plan_draft_request(p, r);
+    j = static_cast<int32_t>(o - plan.out0);
+    if (j >= plan.rows) j = -1;
+    if (j >= 0 && p.hidden_row_bytes > 0) {
+      const int64_t src = hidden_source(plan, p.num_slots, j);
+      if (src != -1) {
+        const int k = atomicAdd(&s_num_copies, 1);
+        s_dst[k] = o;
+        s_src[k] = src;
+      }
+    }
+  }
+  if (p.hidden_row_bytes > 0) __syncthreads();
+
+  // Phase 3: warp 0 finishes the rows; the other warps copy hidden rows meanwhile.
+  if (threadIdx.x < 32) {
+    if (row_thread) {
+      DraftRow row{kInertTokenId, 0, false, false, kPaddingSlotId};
+      if (j >= 0) {
+        plan.p0 = first_position(p, plan);
         row = draft_row(p, plan, r, j);
         if (!plan.padding && j >= plan.nv && j < plan.nv + p.num_slots)
           p.token_indices_to_sample[static_cast<int64_t>(r) * p.num_slots + (j - plan.nv)] =
               static_cast<int32_t>(o);
-        if (p.hidden_row_bytes > 0) src = hidden_source(plan, row, j);
       }
+      p.input_ids[o] = row.token_id;
+      p.positions[o] = row.position;
+      p.is_rejected[o] = row.rejected;
+      p.is_masked[o] = row.masked;
+      p.slot_mapping[o] = row.slot;
     }
-    p.input_ids[o] = row.token_id;
-    p.positions[o] = row.position;
-    p.is_rejected[o] = row.rejected;
-    p.is_masked[o] = row.masked;
-    p.slot_mapping[o] = row.slot;
-    if (src != -1) {
-      const int k = atomicAdd(&s_num_copies, 1);
-      s_dst[k] = o;
-      s_src[k] = src;
-    }
-  }
-  if (p.hidden_row_bytes == 0) return;
-  __syncthreads();
-  const int n = s_num_copies;
-  if (n == 0) return;
-  if constexpr (kVecBytes == 16) {
-    copy_rows<uint4>(p, s_dst, s_src, n);
-  } else if constexpr (kVecBytes == 8) {
-    copy_rows<uint2>(p, s_dst, s_src, n);
-  } else if constexpr (kVecBytes == 4) {
-    copy_rows<uint32_t>(p, s_dst, s_src, n);
-  } else if constexpr (kVecBytes == 2) {
-    copy_rows<uint16_t>(p, s_dst, s_src, n);
-  } else {
-    copy_rows<uint8_t>(p, s_dst, s_src, n);
+  } else if (p.hidden_row_bytes > 0 && s_num_copies > 0) {
+    copy_hidden<kVecBytes>(p, s_dst, s_src, s_num_copies, 32);
   }
 }
 

@@ -1,4 +1,4 @@
-"""``python -m peagle ...`` runs the command line (see :mod:`peagle.cli`)."""
+"""``python -m peagle ...`` is the same as the ``peagle`` command (see :mod:`peagle.cli`)."""
 
 import sys
 

@@ -328,6 +328,12 @@ def paged_attention(
         out, lse: preallocated outputs (``out`` may be a strided view with unit stride in ``D``;
             ``lse`` needs unit stride in ``Hq``), fully overwritten.
 
+    CUDA kernel (csrc/cuda/paged_attention.cu): the GQA group and the request's query rows are
+    packed into one MMA tile per KV head (64 rows for ``Hq/Hkv <= 4``, else 128), so every KV
+    page is read once per KV head for all rows; the KV range is split across CTAs on the device
+    for small batches / long contexts, with a merge kernel launched by programmatic dependent
+    launch (``PEAGLE_DISABLE_PDL=1`` falls back to a plain launch). No host sync; CUDA-graph safe.
+
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
         kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
@@ -338,7 +344,9 @@ def paged_attention(
     Raises:
         RuntimeError: shape/dtype/device mismatch (naming the argument), ``Hq % Hkv != 0``, a
             block size that is not a power of two, a non-unit stride in ``D``; on CUDA a head_dim
-            other than 64/128, fp32, or block_size < 8. CPU value checks: ``query_start_loc``
+            other than 64/128, fp32, block_size < 8, ``query``/caches not 16-byte aligned (data
+            pointer and strides multiples of 8 elements), ``out`` not 4-byte aligned, or cache
+            strides >= 2^31. CPU value checks: ``query_start_loc``
             decreasing or past T, negative ``seq_lens``, a request needing more block-table
             columns than ``max_blocks`` (EDGE_CASES B1; exactly at capacity is fine), a negative or
             out-of-range block id in a needed column. CUDA cannot raise on values without a host

@@ -262,6 +262,8 @@ def run(args) -> int:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
         dtype = getattr(torch, args.dtype)
+    if device.type == "cuda" and dtype == torch.float32:
+        raise SystemExit("peagle generate: the CUDA kernels run bfloat16/float16; use --dtype auto")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     try:

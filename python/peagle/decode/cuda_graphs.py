@@ -176,7 +176,7 @@ class DecodeGraphs:
         t, view = batch.tensors, self._view(b_pad)
         names = ("input_ids", "positions", "slot_mapping", "seq_lens", "temperature", "seeds")
         self._load(t, view, (*names, "offsets", "backup_next_token_ids"))
-        view.block_table[:b].copy_(t.block_table, non_blocking=True)
+        view.block_table[:b, : t.block_table.shape[1]].copy_(t.block_table, non_blocking=True)
         view.top_k[:b].copy_(t.top_k if t.top_k is not None else torch.zeros_like(view.top_k[:b]))
         view.top_p[:b].copy_(t.top_p if t.top_p is not None else torch.ones_like(view.top_p[:b]))
         view.request_mask[:b] = True
@@ -194,5 +194,5 @@ class DecodeGraphs:
         t, view = batch.tensors, self._view(b_pad)
         view.drafter_seq_lens[:b].copy_(t.drafter_seq_lens, non_blocking=True)
         view.drafter_seq_lens[b:] = 0
-        view.block_table[:b].copy_(t.block_table, non_blocking=True)
+        view.block_table[:b, : t.block_table.shape[1]].copy_(t.block_table, non_blocking=True)
         return g.drafter.replay()[:b]

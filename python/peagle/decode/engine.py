@@ -92,8 +92,10 @@ class SpecDecoder:
         max_model_len: prompt + generated tokens per request (default: the target's
             ``max_position_embeddings``).
         block_size: tokens per KV block.
-        num_blocks: KV blocks per cache (default: enough for ``max_num_seqs`` full-length
-            requests plus the null block).
+        num_blocks: KV blocks per cache (default: enough for ``max_num_seqs`` requests of
+            ``max_model_len`` tokens, capped by ``kv_cache_memory``; requests wait for blocks).
+        kv_cache_memory: bytes for the two KV caches when ``num_blocks`` is not given (default:
+            70% of the free device memory on CUDA, 1 GiB on CPU).
         eos_token_ids: ids that end a request (unless its ``ignore_eos``).
         cuda_graphs: ``"auto"`` (capture uniform decode steps in CUDA graphs on CUDA, eager on
             CPU), ``"on"``, ``"off"``, or ``"emulate"`` (the graphs' padded static-buffer path
@@ -115,6 +117,7 @@ class SpecDecoder:
         max_model_len: int | None = None,
         block_size: int = 16,
         num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
         eos_token_ids: Sequence[int] = (),
         cuda_graphs: str = "auto",
     ) -> None:
@@ -138,8 +141,11 @@ class SpecDecoder:
                     f"num_speculative_tokens must be >= 1 for method {method!r}, got "
                     f"{num_speculative_tokens}"
                 )
-            if drafter.device != self.device:
-                raise ValueError(f"drafter on {drafter.device}, target on {self.device}")
+            if drafter.device != self.device or drafter.dtype != target.dtype:
+                raise ValueError(
+                    f"drafter ({drafter.device}, {drafter.dtype}) and target ({self.device}, "
+                    f"{target.dtype}) must share device and dtype"
+                )
             drafter.check_target(target.hidden_size, target.vocab_size)
             if drafter.config.aux_layer_ids is not None:
                 target.set_aux_layer_ids(drafter.config.aux_layer_ids)
@@ -165,7 +171,7 @@ class SpecDecoder:
             self.max_model_len + 2 * self.num_spec_tokens + 1, block_size
         )
         if num_blocks is None:
-            num_blocks = max_num_seqs * self.max_blocks_per_seq + 1
+            num_blocks = self._default_num_blocks(kv_cache_memory)
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.target_kv = target.make_kv_cache(num_blocks, block_size)
         self.drafter_kv = (
@@ -333,10 +339,27 @@ class SpecDecoder:
         req.blocks = []
         req.reserved_blocks = 0
 
-    def _block_table(self, reqs: Sequence[Request], rows: int | None = None) -> torch.Tensor:
-        table = torch.full(
-            (rows or len(reqs), self.max_blocks_per_seq), NULL_BLOCK_ID, dtype=torch.int32
-        )
+    def _default_num_blocks(self, budget: int | None) -> int:
+        per_token = self.target.kv_bytes_per_token()
+        if self.drafter is not None:
+            per_token += self.drafter.kv_bytes_per_token()
+        if budget is None:
+            if self.device.type == "cuda":
+                budget = int(0.7 * torch.cuda.mem_get_info(self.device)[0])
+            else:
+                budget = 1 << 30
+        fits = budget // (per_token * self.block_size)
+        return int(max(2, min(self.max_num_seqs * self.max_blocks_per_seq + 1, fits)))
+
+    def _table_width(self, reqs: Sequence[Request]) -> int:
+        """Block-table columns the batch can touch: each request's reservation plus the K + 1
+        positions the drafter's rejected tail may read past it (padded with the null block)."""
+        extra = self.num_spec_tokens + 1
+        width = max(blocks_for(self._max_positions(r) + extra, self.block_size) for r in reqs)
+        return min(width, self.max_blocks_per_seq)
+
+    def _block_table(self, reqs: Sequence[Request]) -> torch.Tensor:
+        table = torch.full((len(reqs), self._table_width(reqs)), NULL_BLOCK_ID, dtype=torch.int32)
         for i, r in enumerate(reqs):
             if r.blocks:
                 table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)

@@ -6,6 +6,8 @@
 #include <c10/util/Optional.h>
 
 #include <cmath>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "peagle/kernels/paged_attention.h"
@@ -139,6 +141,39 @@ inline BoundPagedAttention bind_paged_attention(
   TORCH_CHECK(t <= INT32_MAX && b <= INT32_MAX && hq <= INT32_MAX && d <= INT32_MAX &&
                   block_table.size(1) <= INT32_MAX,
               "peagle: paged_attention sizes must fit in int32");
+
+  TORCH_CHECK(t * hq <= INT32_MAX, "peagle: paged_attention needs T * Hq < 2^31, got T=", t,
+              " Hq=", hq);
+  if (cuda) {
+    // 16-byte cp.async rows: data pointers 16-byte aligned, strides multiples of 8 elements;
+    // out is written as 2-element words. Cache strides are used as int32 by the kernel.
+    auto aligned = [](const at::Tensor& x, int64_t bytes) {
+      bool ok = reinterpret_cast<uintptr_t>(x.data_ptr()) % bytes == 0;
+      for (int64_t i = 0; i + 1 < x.dim(); ++i) {
+        ok = ok && (x.stride(i) * x.element_size()) % bytes == 0;
+      }
+      return ok;
+    };
+    for (auto [x, name] : {std::pair{&query, "query"}, std::pair{&key_cache, "key_cache"},
+                           std::pair{&value_cache, "value_cache"}}) {
+      TORCH_CHECK(aligned(*x, 16), "peagle: paged_attention on CUDA needs ", name,
+                  " 16-byte aligned with strides that are multiples of 8 elements, got strides ",
+                  c10::str(x->strides()));
+    }
+    TORCH_CHECK(aligned(out, 4),
+                "peagle: paged_attention on CUDA needs out 4-byte aligned with "
+                "even strides, got strides ",
+                c10::str(out.strides()));
+    TORCH_CHECK(hkv <= 65535,
+                "peagle: paged_attention on CUDA supports at most 65535 KV heads, got ", hkv);
+    for (auto* c : {&key_cache, &value_cache}) {
+      for (int64_t i = 0; i < 3; ++i) {
+        TORCH_CHECK(c->stride(i) >= 0 && c->stride(i) <= INT32_MAX,
+                    "peagle: paged_attention on CUDA needs cache strides < 2^31, got ",
+                    c10::str(c->strides()));
+      }
+    }
+  }
 
   const at::Tensor bt =
       block_table.size(1) <= 1 || block_table.stride(1) == 1 ? block_table : in(block_table);

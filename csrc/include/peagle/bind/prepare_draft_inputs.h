@@ -83,10 +83,11 @@ inline BoundPrepareDraftInputs bind_prepare_draft_inputs(
   const int64_t b = query_start_loc.size(0) - 1;
   check_dtype(seq_lens, "seq_lens", at::kInt);
   check_shape(seq_lens, "seq_lens", {b});
-  check_next_token_args(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size,
-                        next_token_ids, valid_sampled_tokens_count);
+  check_dim(sampled_token_ids, "sampled_token_ids", 2);
   TORCH_CHECK(sampled_token_ids.size(0) == b, "peagle: sampled_token_ids has ",
               sampled_token_ids.size(0), " rows but query_start_loc describes B=", b, " requests");
+  check_next_token_args(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size,
+                        next_token_ids, valid_sampled_tokens_count);
   check_dtype(cu_num_draft_tokens, "cu_num_draft_tokens", at::kInt);
   check_shape(cu_num_draft_tokens, "cu_num_draft_tokens", {b});
   check_dtype(block_table, "block_table", at::kInt);

@@ -62,24 +62,29 @@ struct PrepareDraftInputsParams {
 };
 
 // Stage A (SPEC §3.2) for one request: a token is valid iff 0 <= id < vocab_size.
+// Columns are read in unrolled chunks of 8 so that the loads of a row are in flight together.
 PEAGLE_HD void next_token_for_request(const int32_t* sampled_row, int32_t num_cols, bool discard,
                                       int32_t backup, int32_t vocab_size, int32_t* next,
                                       int32_t* valid) {
-  if (discard) {
-    *next = backup;
-    *valid = 0;
-    return;
-  }
   int32_t count = 0, last = backup;
-  for (int32_t c = 0; c < num_cols; ++c) {
-    const int32_t id = sampled_row[c];
-    if (id >= 0 && id < vocab_size) {
-      ++count;
-      last = id;
+  for (int32_t c0 = 0; c0 < num_cols; c0 += 8) {
+    int32_t ids[8];
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int32_t u = 0; u < 8; ++u) ids[u] = c0 + u < num_cols ? sampled_row[c0 + u] : -1;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int32_t u = 0; u < 8; ++u) {
+      if (ids[u] >= 0 && ids[u] < vocab_size) {
+        ++count;
+        last = ids[u];
+      }
     }
   }
-  *next = last;
-  *valid = count;
+  *next = discard ? backup : last;
+  *valid = discard ? 0 : count;
 }
 
 struct DraftRequestPlan {
@@ -98,34 +103,45 @@ struct DraftRequestPlan {
 // Stages A and B for request r. Out-of-range inputs are clamped so that no access leaves its
 // array (the CPU implementation reports them as errors before getting here).
 PEAGLE_HD DraftRequestPlan plan_draft_request(const PrepareDraftInputsParams& p, int32_t r) {
+  // Every request-level load is issued before any branch, so on the GPU they overlap.
+  const int32_t qs_raw = p.query_start_loc[r];
+  const int32_t qn_raw = p.query_start_loc[r + 1];
+  const int32_t seq_len = p.seq_lens[r];
+  const int32_t cu_r = p.cu_num_draft_tokens[r];
+  const int32_t cu_prev = r > 0 ? p.cu_num_draft_tokens[r - 1] : 0;
+  const bool discard = p.discard_request_mask[r];
+  const int32_t backup = p.backup_next_token_ids[r];
   DraftRequestPlan plan;
+  next_token_for_request(p.sampled_token_ids + static_cast<int64_t>(r) * p.sampled_stride,
+                         p.num_sampled_cols, discard, backup, p.vocab_size, &plan.next_token,
+                         &plan.valid_count);
   const int64_t t_in = p.num_target_tokens;
-  const int64_t qs = clamp_val<int64_t>(p.query_start_loc[r], 0, t_in);
-  const int64_t qn = clamp_val<int64_t>(p.query_start_loc[r + 1], qs, t_in);
+  const int64_t qs = clamp_val<int64_t>(qs_raw, 0, t_in);
+  const int64_t qn = clamp_val<int64_t>(qn_raw, qs, t_in);
   const int32_t n_new = p.num_slots - p.shift;
   plan.qs = qs;
   plan.qlen = static_cast<int32_t>(qn - qs);
   plan.out0 = qs + static_cast<int64_t>(r) * n_new;
   plan.rows = plan.qlen + n_new;
-  plan.padding = plan.qlen == 0 || p.seq_lens[r] <= 0;
+  plan.padding = plan.qlen == 0 || seq_len <= 0;
+  plan.p0 = 0;  // filled by the caller that needs positions (one more dependent load)
   if (plan.padding) {
     plan.next_token = kInertTokenId;
     plan.valid_count = 0;
     plan.nrej = 0;
     plan.nv = 0;
-    plan.p0 = 0;
     return plan;
   }
-  next_token_for_request(p.sampled_token_ids + static_cast<int64_t>(r) * p.sampled_stride,
-                         p.num_sampled_cols, p.discard_request_mask[r],
-                         p.backup_next_token_ids[r], p.vocab_size, &plan.next_token,
-                         &plan.valid_count);
-  const int32_t n_draft = p.cu_num_draft_tokens[r] - (r > 0 ? p.cu_num_draft_tokens[r - 1] : 0);
+  const int32_t n_draft = cu_r - cu_prev;
   const int32_t nrej = n_draft > 0 ? n_draft + 1 - plan.valid_count : 0;
   plan.nrej = clamp_val<int32_t>(nrej, 0, plan.qlen - 1);  // at least one valid row
   plan.nv = plan.qlen - 1 - plan.nrej + (p.shift ? 0 : 1);
-  plan.p0 = p.target_positions[qs];
   return plan;
+}
+
+// Position of the request's first target row (SPEC §3.4 p0); 0 for padding requests.
+PEAGLE_HD int64_t first_position(const PrepareDraftInputsParams& p, const DraftRequestPlan& plan) {
+  return plan.padding ? 0 : p.target_positions[plan.qs];
 }
 
 struct DraftRow {
@@ -176,9 +192,10 @@ PEAGLE_HD DraftRow draft_row(const PrepareDraftInputsParams& p, const DraftReque
 
 // Source of drafter row j's hidden state: -2 = the mask vector, -1 = left untouched,
 // otherwise the target row index (SPEC §4: scatter by hidden_state_mapping, mask wins).
-PEAGLE_HD int64_t hidden_source(const DraftRequestPlan& plan, const DraftRow& row, int32_t j) {
+// Depends on the plan only, so the copy can start before the row's other values are known.
+PEAGLE_HD int64_t hidden_source(const DraftRequestPlan& plan, int32_t num_slots, int32_t j) {
   if (plan.padding) return -1;
-  if (row.masked) return -2;
+  if (j > plan.nv && j < plan.nv + num_slots) return -2;
   if (j < plan.qlen) return plan.qs + j;
   return -1;
 }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build peagle from source on the H200 machine (offline, torch 2.11 cu130) and run the GPU tests,
+# compute-sanitizer and benchmarks. Logs and JSON results go to $OUT.
+#   bash tools/h200.sh [build|test|sanitize|bench|all] ...      (carry .deps with the CUTLASS wheel)
+set -uo pipefail
+OUT=${OUT:-/tmp/peagle-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+build() {
+  python3 -m pip install -q --no-index --no-deps --target /tmp/deps .deps/nvidia_cutlass-4.2.0.0-py3-none-any.whl || true
+  export PEAGLE_CUTLASS_INCLUDE=/tmp/deps/cutlass_library/source/include
+  local t0=$(date +%s)
+  PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install --no-build-isolation --no-deps \
+    -C build-dir=build/h200 . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+  python3 -c "import torch, peagle; print(torch.__version__, torch.cuda.get_device_name(0), torch._C._dispatch_dump('peagle::prepare_draft_inputs').count('CUDA'), 'CUDA kernels')"
+}
+run_tests() { python3 -m pytest -q -x --timeout=900 -p no:cacheprovider "${@:-tests}" 2>&1 | tee "$OUT/tests.log" | tail -25; }
+sanitize() {
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 1 python3 tools/sanitize_ops.py "$@" > "$OUT/sanitize-$tool.log" 2>&1
+    echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+  done
+}
+cmd=${1:-all}; shift || true
+case $cmd in
+  build) build ;;
+  test) build; run_tests "$@" ;;
+  sanitize) build; sanitize "$@" ;;
+  all) build; run_tests; sanitize ;;
+esac
