@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from peagle import default_models
 
 pytestmark = pytest.mark.skipif(
@@ -45,9 +46,10 @@ def test_shapes_and_dtypes():
 def test_offline_load_and_lossless_decode(method, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
     from peagle.decode import SamplingParams, SpecDecoder
     from peagle.models import load_model_pair
-    from transformers import AutoTokenizer
 
     target_dir = str(default_models.target_dir())
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from peagle.cli import main as peagle_main
 from peagle.models import Eagle3Drafter
-from safetensors.torch import load_file
 
 TEXT = '''def add(a, b):
     """Return the sum of a and b."""

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from peagle.train.cod import cod_count, cod_sample
 
 

@@ -5,13 +5,14 @@ float64 reference forward, and the online target features are the decode runner'
 from __future__ import annotations
 
 import torch
+from reference.drafter import drafter_forward_ref
+from train_helpers import MASK_ID, VOCAB, tiny_drafter, tiny_target
+
 from peagle.models.paged import AttentionMetadata
 from peagle.models.target import TargetRunner
 from peagle.train.forward import masked_forward
 from peagle.train.mask import ElementMeta, sdpa_attention
 from peagle.train.target_features import shift_sequence, target_forward
-from reference.drafter import drafter_forward_ref
-from train_helpers import MASK_ID, VOCAB, tiny_drafter, tiny_target
 
 BLOCK = 16
 

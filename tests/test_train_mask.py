@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from peagle.train.cod import cod_sample
 from peagle.train.mask import (
     ElementMeta,

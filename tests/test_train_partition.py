@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import requires_cuda
+from train_helpers import MASK_ID, tiny_drafter, tiny_sequence, tiny_target
+
 from peagle.train.attention import MaskedAttention
 from peagle.train.cod import Elements, cod_sample
 from peagle.train.forward import masked_forward
 from peagle.train.mask import ElementMeta, dense_mask
 from peagle.train.partition import boundaries, element_buckets, partition_elements
 from peagle.train.steps import eagle3_sequence_step, peagle_sequence_step
-from train_helpers import MASK_ID, tiny_drafter, tiny_sequence, tiny_target
 
 
 @pytest.fixture

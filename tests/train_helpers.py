@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from peagle.train.init import drafter_config_for_target, init_drafter
 from peagle.train.target_features import shift_sequence, target_forward
-from transformers import LlamaConfig, LlamaForCausalLM
 
 VOCAB = 53  # odd on purpose
 MASK_ID = 52

@@ -43,7 +43,7 @@ RECIPES = {
         name="cpu",
         vocab_size=2048,
         target=TargetShape(hidden_size=256, num_layers=4, intermediate_size=640, num_kv_heads=2),
-        target_train=TargetRecipe(steps=1200, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
+        target_train=TargetRecipe(steps=3000, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
         peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=2400, seq_len=256, lr=1e-3),
         eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1600, seq_len=256, lr=1e-3),
         draft_vocab_size=1024,
