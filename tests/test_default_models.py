@@ -65,3 +65,27 @@ def test_offline_load_and_lossless_decode(method, monkeypatch):
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     # the drafter is useful: more than one token per target step on average
     assert sum(o.stats.num_accepted_tokens for o in got) > 0
+
+
+def test_generate_uses_the_packaged_pair_by_default(capsys):
+    from peagle.cli import main
+
+    rc = main(
+        [
+            "generate",
+            "--prompt",
+            "def parse(text):\n",
+            "--max-new-tokens",
+            "16",
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+            "-k",
+            "4",
+        ]
+    )
+    assert rc == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["num_generated_tokens"] == 16 or record["finish_reason"] == "stop"
+    assert record["acceptance_length"] >= 1.0 and record["text"]
