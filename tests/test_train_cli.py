@@ -199,3 +199,26 @@ def test_bad_arguments(tiny_target_dir):
         _train(target, data, root / "bad", "--method", "eagle3", "--partitions", "2")
     with pytest.raises(ValueError, match="mask token id"):
         _train(target, data, root / "bad2", "--mask-token-id", "100000", "--steps", "1")
+
+
+def test_corpus_text_and_pretokenised_jsonl(tiny_target_dir, tmp_path):
+    from peagle.train.corpus import SequenceOrder, iter_documents, tokenize_documents
+
+    _, _, _, tok = tiny_target_dir
+    f = tmp_path / "mix.jsonl"
+    f.write_text(
+        json.dumps({"text": TEXT}) + "\n\n" + json.dumps({"text": list(range(1, 30))}) + "\n"
+    )
+    docs = list(iter_documents([f]))
+    assert docs[0] == TEXT and docs[1] == list(range(1, 30))
+    seqs = tokenize_documents(docs, tok, seq_len=9, min_len=4)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    n_text = -(-len(ids) // 10)
+    got_text = torch.cat(seqs[:n_text]).tolist()
+    assert got_text == ids[: len(got_text)] and all(s.numel() <= 10 for s in seqs)
+    assert torch.cat(seqs[n_text:]).tolist() == list(range(1, 30))  # as given, no EOS added
+    with pytest.raises(ValueError, match="no 'prompt' field"):
+        list(iter_documents([f], field="prompt"))
+    order = SequenceOrder(5, seed=1)
+    first = [order.index(i)[1] for i in range(5)]
+    assert sorted(first) == list(range(5)) and order.index(5)[0] == 1

@@ -23,9 +23,10 @@ def acceptance_lengths(
     Acceptance length = 1 + accepted drafts / verification steps that carried drafts, pooled over
     the prompts (greedy, EOS ignored so every prompt generates ``max_new_tokens`` tokens).
     """
+    from transformers import AutoTokenizer
+
     from peagle.decode import SamplingParams, SpecDecoder
     from peagle.models import load_model_pair
-    from transformers import AutoTokenizer
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tok = AutoTokenizer.from_pretrained(str(target_dir))

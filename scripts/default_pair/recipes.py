@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from default_pair.target_lm import TargetRecipe, TargetShape
 
@@ -34,18 +34,25 @@ class Recipe:
     eval_prompt_tokens: int = 96
     eval_new_tokens: int = 96
     max_package_bytes: int = 16 * 1024 * 1024
+    # self-distillation data (0 prompts: train the drafters on the raw training split)
+    regen_prompts: int = 0
+    regen_prompt_tokens: int = 64
+    regen_new_tokens: int = 192
+    regen_temperatures: tuple = (0.0, 0.7)
+    regen_batch: int = 64
     extra: dict = field(default_factory=dict)
 
 
 RECIPES = {
-    # Produced the shipped pair on a 2-core CPU (~90 minutes of wall time in all).
+    # Produced the shipped pair on a 2-core CPU (about an hour of wall time in all).
     "cpu": Recipe(
         name="cpu",
+        regen_prompts=2400,
         vocab_size=2048,
         target=TargetShape(hidden_size=256, num_layers=4, intermediate_size=640, num_kv_heads=2),
-        target_train=TargetRecipe(steps=3000, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
-        peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=2400, seq_len=256, lr=1e-3),
-        eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1600, seq_len=256, lr=1e-3),
+        target_train=TargetRecipe(steps=1200, batch_size=8, seq_len=256, lr=2e-3, warmup=100),
+        peagle=DrafterRecipe(num_layers=2, intermediate_size=384, steps=2000, seq_len=256, lr=1e-3),
+        eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1200, seq_len=256, lr=1e-3),
         draft_vocab_size=1024,
     ),
     # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5.
@@ -62,6 +69,8 @@ RECIPES = {
         ),
         draft_vocab_size=1024,
         eval_prompts=96,
+        regen_prompts=12000,
+        regen_batch=256,
     ),
     # A minutes-long run of every stage (checks the script, not a useful pair).
     "smoke": Recipe(
@@ -77,3 +86,5 @@ RECIPES = {
         eval_new_tokens=16,
     ),
 }
+# The first CPU run (recorded in docs/default-model-pair.md): drafters on the raw training split.
+RECIPES["cpu-raw"] = replace(RECIPES["cpu"], name="cpu-raw", regen_prompts=0)

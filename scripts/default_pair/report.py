@@ -56,6 +56,13 @@ def write_report(ctx) -> Path:
         f"tokens, lr {r.target_train.lr}.",
         f"* Target loss (nats/token, bf16 weights, evaluated in fp32): training split "
         f"{t_train:.3f}, held-out modules {t_held:.3f}.",
+        (
+            f"* Drafter data: {r.regen_prompts} windows of {r.regen_prompt_tokens} training-split "
+            f"tokens continued by the target for {r.regen_new_tokens} tokens (temperatures "
+            f"{', '.join(map(str, r.regen_temperatures))} by batch), fed as token ids."
+            if r.regen_prompts > 0
+            else "* Drafter data: the raw training split (no regeneration)."
+        ),
         "",
         "| head | layers | MLP | steps x seqs | seq len | K (trained) | COD r / r_min | "
         "final train KL | acc per depth (last window) |",

@@ -135,10 +135,14 @@ def _train_drafter(ctx: Context, method: str) -> bool:
     remaining = ctx.deadline - time.monotonic()
     if remaining <= 30:
         return False
+    if ctx.recipe.regen_prompts > 0:
+        data = ["--data", str(ctx.work_dir / "regen.jsonl"), "--jsonl-field", "input_ids"]
+    else:
+        data = ["--data", str(ctx.work_dir / "train.jsonl")]
     argv = [
         "train",
         "--target", str(ctx.target_dir),
-        "--data", str(ctx.work_dir / "train.jsonl"),
+        *data,
         "--output", str(out),
         "--method", method,
         "--num-layers", str(r.num_layers),
@@ -171,6 +175,30 @@ def _train_drafter(ctx: Context, method: str) -> bool:
             + f" {last['tokens_per_s']:.0f} tok/s"
         )
     return rc == 0
+
+
+def stage_regen(ctx: Context) -> bool:
+    from default_pair.regen import regenerate
+
+    r = ctx.recipe
+    if r.regen_prompts <= 0:
+        ctx.log("regen: off (drafters train on the raw training split)")
+        return True
+    tokens = regenerate(
+        ctx.target_dir,
+        torch.load(ctx.work_dir / "train_stream.pt"),
+        ctx.work_dir / "regen.jsonl",
+        num_prompts=r.regen_prompts,
+        prompt_tokens=r.regen_prompt_tokens,
+        new_tokens=r.regen_new_tokens,
+        temperatures=tuple(r.regen_temperatures),
+        batch_size=r.regen_batch,
+        device=ctx.device,
+        log=ctx.log,
+    )
+    ctx.log(f"regen: {r.regen_prompts} sequences, {tokens} tokens")
+    ctx.info.setdefault("corpus", {})["regen_tokens"] = tokens
+    return True
 
 
 def stage_peagle(ctx: Context) -> bool:
@@ -281,6 +309,7 @@ STAGES = [
     Stage("tokenizer", stage_tokenizer),
     Stage("tokenize", stage_tokenize),
     Stage("target", stage_target),
+    Stage("regen", stage_regen),
     Stage("peagle", stage_peagle),
     Stage("eagle3", stage_eagle3),
     Stage("package", stage_package),

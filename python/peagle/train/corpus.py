@@ -18,9 +18,11 @@ import torch
 
 def iter_documents(
     paths: Sequence[str | Path], glob: str = "*", field: str = "text"
-) -> Iterator[str]:
-    """Yield document texts. ``*.jsonl`` files give one document per line (``field``), other files
-    one document each; directories are searched recursively for files matching ``glob``."""
+) -> Iterator[str | list[int]]:
+    """Yield documents: texts, or token-id lists (a JSONL ``field`` holding a list of ints).
+
+    ``*.jsonl`` files give one document per line (``field``), other files one document each;
+    directories are searched recursively for files matching ``glob``."""
     for p in map(Path, paths):
         if p.is_dir():
             files = sorted(f for f in p.rglob(glob) if f.is_file())
@@ -37,7 +39,10 @@ def iter_documents(
                         obj = json.loads(line)
                         if field not in obj:
                             raise ValueError(f"{f}:{i + 1}: JSON object has no {field!r} field")
-                        yield str(obj[field])
+                        value = obj[field]
+                        # a list of ints is an already tokenised document (e.g. regenerated
+                        # by the target), used as is
+                        yield value if isinstance(value, list) else str(value)
             else:
                 try:
                     yield f.read_text(encoding="utf-8")
@@ -48,17 +53,25 @@ def iter_documents(
 def tokenize_documents(
     texts: Sequence[str], tokenizer, seq_len: int, min_len: int = 16
 ) -> list[torch.Tensor]:
-    """Token sequences (int32, ``min_len <= len <= seq_len + 1``) of the documents, in order."""
+    """Token sequences (int32, ``min_len <= len <= seq_len + 1``) of the documents, in order.
+
+    Text documents get the tokenizer's EOS appended; token-id lists are taken as they are."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     eos = getattr(tokenizer, "eos_token_id", None)
     out = []
     batch = 256
     for s in range(0, len(texts), batch):
-        enc = tokenizer(list(texts[s : s + batch]), add_special_tokens=False)["input_ids"]
-        for ids in enc:
-            if eos is not None:
-                ids = [*ids, eos]
+        chunk = list(texts[s : s + batch])
+        strs = [t for t in chunk if isinstance(t, str)]
+        enc = iter(tokenizer(strs, add_special_tokens=False)["input_ids"] if strs else [])
+        for doc in chunk:
+            if isinstance(doc, str):
+                ids = list(next(enc))
+                if eos is not None:
+                    ids.append(eos)
+            else:  # pre-tokenised: used exactly as given
+                ids = [int(t) for t in doc]
             for i in range(0, len(ids), seq_len + 1):
                 piece = ids[i : i + seq_len + 1]
                 if len(piece) >= max(2, min_len):
