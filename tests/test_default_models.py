@@ -57,7 +57,7 @@ def test_offline_load_and_lossless_decode(method, monkeypatch):
         target_dir, str(default_models.drafter_dir(method)), dtype=torch.float32
     )
     prompts = [tok(p)["input_ids"] for p in ("def fib(n):\n", "import os\n\nclass Path")]
-    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=16, ignore_eos=True)
     spec = SpecDecoder(runner, drafter, method=method, num_speculative_tokens=5, cuda_graphs="off")
     plain = SpecDecoder(runner, None, method="none", cuda_graphs="off")
     got = spec.generate(prompts, sp)
