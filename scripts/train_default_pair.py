@@ -4,22 +4,24 @@ the running interpreter's standard library, its P-EAGLE drafter and an EAGLE-3 h
 
 Stages (each resumable; the state lives in --work-dir):
   1. tokenizer  byte-level BPE on the training split of the stdlib sources (tokenizers)
-  2. tokenize   token streams/documents of the training and held-out splits
+  2. tokenize   token streams of the training and held-out splits, held-out evaluation prompts
   3. target     the Llama model, trained from scratch (plain causal LM)
-  4. peagle     its P-EAGLE drafter, trained with `peagle train --method peagle`
-  5. eagle3     an autoregressive EAGLE-3 head, `peagle train --method eagle3`
-  6. package    copy the pair (bf16) into --package-dir, check the size budget
-  7. measure    held-out acceptance lengths per K (greedy) for both heads -> results.json
+  4. regen      self-distillation data: the target continues training-split prompts
+  5. peagle     its P-EAGLE drafter, trained with `peagle train --method peagle`
+  6. eagle3     an autoregressive EAGLE-3 head, `peagle train --method eagle3`
+  7. package    copy the pair (bf16) into --package-dir, check the 16 MiB budget
+  8. measure    held-out acceptance lengths per K = 1..10 (greedy) for both heads
+  9. report     docs/default-model-pair-<recipe>.md
 
 Each invocation works until --max-minutes have passed, saves, and exits with status 75 when work
-is left ("run me again"), 0 when every stage is done. On one H200:
+is left ("run me again"), 0 when every stage is done. On one H200 (work dir under build/ so it
+survives between calls on a warm machine; repeat until it exits 0, ~15-20 minutes in total):
 
-  python scripts/train_default_pair.py --device cuda --work-dir /tmp/pair --max-minutes 8.5
-  (repeat until it exits 0; about 15-20 minutes of GPU time in total)
+  python scripts/train_default_pair.py --device cuda --work-dir build/pair-gpu --max-minutes 8.5
 
-The CPU variant (smaller target, fewer steps) produced the pair that ships in the package:
+The CPU recipe produced the pair that ships in the package (about an hour on 2 cores):
 
-  python scripts/train_default_pair.py --device cpu --work-dir /tmp/pair-cpu
+  python scripts/train_default_pair.py --device cpu --work-dir /tmp/pair-cpu --threads 1
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from default_pair import stdlib_corpus  # noqa: E402
-from default_pair.recipes import RECIPES  # noqa: E402
+from default_pair.recipes import RECIPES, estimate_package_bytes  # noqa: E402
 from default_pair.stages import STAGES, Context  # noqa: E402
 
 EXIT_MORE_WORK = 75
@@ -86,6 +88,10 @@ def main(argv=None) -> int:
         info=done,
     )
     log(f"recipe {recipe.name}, device {device}, Python {stdlib_corpus.python_version()}")
+    sizes = estimate_package_bytes(recipe)
+    if sum(sizes.values()) > recipe.max_package_bytes:
+        log(f"recipe {recipe.name} would take {sizes} bytes, over {recipe.max_package_bytes}")
+        return 2
     for stage in STAGES:
         if done.get(stage.name, {}).get("done"):
             continue
