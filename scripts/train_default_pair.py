@@ -59,6 +59,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-minutes", type=float, default=0.0, help="stop after this (0 = no limit)")
     ap.add_argument("--until", choices=[s.name for s in STAGES], help="stop after this stage")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        choices=("auto", "flex", "dense", "chunked"),
+        help="peagle train's mask kernel (auto: FlexAttention on CUDA, chunked SDPA on CPU)",
+    )
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -86,6 +92,7 @@ def main(argv=None) -> int:
         deadline=deadline,
         log=log,
         info=done,
+        attention=args.attention,
     )
     log(f"recipe {recipe.name}, device {device}, Python {stdlib_corpus.python_version()}")
     sizes = estimate_package_bytes(recipe)

@@ -25,6 +25,7 @@ class Context:
     deadline: float
     log: Callable[[str], None]
     info: dict
+    attention: str = "auto"
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -157,6 +158,7 @@ def _train_drafter(ctx: Context, method: str) -> bool:
         "--grad-accum", str(r.grad_accum),
         "--lr", str(r.lr),
         "--device", str(ctx.device),
+        "--attention", ctx.attention,
         "--save-every", "100",
         "--log-every", "25",
         "--no-progress",
