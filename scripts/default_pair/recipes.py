@@ -86,6 +86,10 @@ RECIPES = {
         eval_prompts=4,
         eval_prompt_tokens=32,
         eval_new_tokens=16,
+        regen_prompts=64,
+        regen_prompt_tokens=32,
+        regen_new_tokens=64,
+        regen_batch=32,
     ),
 }
 # The first CPU run (recorded in docs/default-model-pair.md): drafters on the raw training split.

@@ -8,10 +8,23 @@ held-out modules are never used here.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import torch
+
+
+def _forward(model, ids: torch.Tensor, cache):
+    """One cached forward; ``(cache, last-position logits)``. transformers >= 5.2x calls the KV
+    cache ``cache`` (``past_key_values`` is deprecated), older versions ``past_key_values``."""
+    new_api = "cache" in inspect.signature(model.forward).parameters
+    kw = {"use_cache": True}
+    if cache is not None:
+        kw["cache" if new_api else "past_key_values"] = cache
+    out = model(input_ids=ids, **kw)
+    cache = out.get("cache") if new_api else out.get("past_key_values")
+    return cache, out.logits[:, -1]
 
 
 @torch.no_grad()
@@ -42,8 +55,7 @@ def regenerate(
             idx = starts[s : s + batch_size].tolist()
             x = torch.stack([stream[i : i + prompt_tokens] for i in idx]).long().to(device)
             temp = temperatures[b % len(temperatures)]
-            out = model(input_ids=x, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
+            cache, logits = _forward(model, x, None)
             new = []
             for _ in range(new_tokens):
                 if temp > 0:
@@ -52,8 +64,7 @@ def regenerate(
                 else:
                     nxt = logits.argmax(-1, keepdim=True)
                 new.append(nxt)
-                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-                past, logits = out.past_key_values, out.logits[:, -1]
+                cache, logits = _forward(model, nxt, cache)
             seqs = torch.cat([x, *new], dim=1).cpu()
             for row in seqs.tolist():
                 f.write(json.dumps({"input_ids": row}) + "\n")
