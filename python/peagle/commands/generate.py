@@ -36,8 +36,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m = p.add_argument_group("models")
     m.add_argument(
         "--model",
-        help="target model: a Hugging Face Llama-family causal LM directory or hub id "
-        "(Llama 3, Qwen3 dense). Required for now (no packaged default pair yet).",
+        help="target model: a Hugging Face causal LM directory or hub id (Llama 3, Qwen3 dense, "
+        "Qwen3-MoE, GPT-OSS; see docs/targets.md). MXFP4 checkpoints (GPT-OSS) load with "
+        "transformers' MXFP4 kernels when usable, else dequantized to bf16 with a memory "
+        "estimate printed first (PEAGLE_MXFP4=auto|dequantize|native). Required for now (no "
+        "packaged default pair yet).",
     )
     m.add_argument(
         "--draft-model",
