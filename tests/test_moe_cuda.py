@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import requires_cuda
-from moe_models import KINDS, make_moe_target
+from moe_models import KINDS, make_moe_target, quantize_experts_to_mxfp4
 from test_decode_cuda import PROMPTS, hf_greedy, match_rate
 from tiny_models import VOCAB, make_drafter
 
@@ -194,3 +194,35 @@ def test_moe_cuda_eager_experts_run_without_graphs(moe_models):
             _engine(moe_models, "peagle", 3, cuda_graphs="on")
     finally:
         low.set_experts_implementation(before)
+
+
+def test_mxfp4_checkpoint_loads_on_cuda(tmp_path):
+    """A hand-written MXFP4 GPT-OSS checkpoint through TargetRunner.from_pretrained on the GPU:
+    native MXFP4 when transformers' kernels load (then the experts are MXFP4 modules), otherwise
+    dequantized on the device (``device_map``) to exactly the independently decoded values."""
+    gen = torch.Generator().manual_seed(0)
+    model, _ = make_moe_target("gpt_oss", head_dim=HEAD_DIM, sliding_window=WINDOW)
+    model.save_pretrained(tmp_path / "t")
+    expect = quantize_experts_to_mxfp4(tmp_path / "t", gen)
+    messages = []
+    runner = TargetRunner.from_pretrained(
+        str(tmp_path / "t"), dtype=torch.bfloat16, device=DEVICE, log=messages.append
+    )
+    print("\n" + "\n".join(messages))
+    assert runner.device.type == "cuda" and runner.load_plan is not None
+    experts = runner.layers[0].mlp.experts
+    if type(experts).__name__.startswith("Mxfp4"):
+        assert runner.load_plan.native and runner.cuda_graph_blocker is not None
+    else:
+        sd = runner.model.state_dict()
+        for name, value in expect.items():
+            assert torch.equal(sd[name].float().cpu(), value), name  # E2M1 x 2^k: exact in bf16
+    ids = torch.randint(0, VOCAB, (40,), generator=gen)
+    table = torch.arange(1, 5, dtype=torch.int32)[None]
+    kv = runner.make_kv_cache(num_blocks=8, block_size=CUDA_BLOCK)
+    logits, _ = runner.forward(ids.to(DEVICE), _meta(table, [0], [40]), kv)
+    with torch.no_grad():
+        ref = runner.model(ids[None].to(DEVICE)).logits[0].float()
+    # Same bf16 weights, bf16 activations both ways: agreement to a few bf16 ulps of the logits.
+    err = float((logits.float() - ref).abs().max())
+    assert err <= 0.05 * float(ref.abs().max()), err

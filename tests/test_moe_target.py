@@ -231,7 +231,9 @@ def test_mxfp4_plan_decisions():
     # CPU: no kernels -> dequantize, with the numbers in the message.
     p = plan_quantized_load(cfg, device="cpu", name="tiny")
     assert not p.native and "CUDA" in p.reason and p.dtype == torch.bfloat16
-    assert "dequantizing" in p.message and "MXFP4" in p.message and "GiB" in p.message
+    assert "dequantizing" in p.message and "MXFP4" in p.message
+    assert f"of its {p.params.total / 1e3:.2f}K parameters" in p.message
+    assert f"~{p.dequantized_bytes / 2**20:.1f} MiB dequantized to bfloat16" in p.message
     assert p.weight_bytes == p.dequantized_bytes > p.mxfp4_bytes
     with pytest.raises(ValueError, match="requested natively, but"):
         plan_quantized_load(cfg, device="cpu", mode="native")

@@ -25,6 +25,20 @@ MXFP4_BYTES_PER_WEIGHT = 0.5 + 1.0 / 32
 GIB = 1 << 30
 
 
+def _count(n: float) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
+
+
+def _size(b: float) -> str:
+    for div, unit in ((GIB, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if b >= div:
+            return f"{b / div:.1f} {unit}"
+    return f"{int(b)} B"
+
+
 @dataclass(frozen=True)
 class ParamCount:
     """Parameters of a model built from its config: ``total``, of which ``mxfp4`` are stored as
@@ -183,25 +197,25 @@ def plan_quantized_load(
     blocker = kernel_status(device)
     if mode == "native" and blocker is not None:
         raise ValueError(f"{name}: MXFP4 weights requested natively, but {blocker}")
+    dt_name = str(dtype).removeprefix("torch.")
     sizes = (
-        f"{params.mxfp4 / 1e9:.2f}B of its {params.total / 1e9:.2f}B parameters are MXFP4 "
-        f"experts; weights take ~{mx_bytes / GIB:.1f} GiB as MXFP4, "
-        f"~{dq_bytes / GIB:.1f} GiB dequantized to {str(dtype).removeprefix('torch.')}"
+        f"{_count(params.mxfp4)} of its {_count(params.total)} parameters are MXFP4 experts; "
+        f"weights take ~{_size(mx_bytes)} as MXFP4, ~{_size(dq_bytes)} dequantized to {dt_name}"
     )
 
     def dequant_plan(reason: str) -> QuantPlan:
         limit = memory_bytes(device)
         if limit is not None and dq_bytes > limit:
             raise ValueError(
-                f"{name}: {reason}, so its MXFP4 experts would be dequantized to "
-                f"{str(dtype).removeprefix('torch.')}: ~{dq_bytes / GIB:.1f} GiB of weights, more "
-                f"than the {limit / GIB:.1f} GiB of {device}. Load it where transformers' MXFP4 "
-                f"kernels run (CUDA, triton >= 3.4, the `kernels` package), or on a larger device"
+                f"{name}: {reason}, so its MXFP4 experts would be dequantized to {dt_name}: "
+                f"~{_size(dq_bytes)} of weights, more than the {_size(limit)} of {device}. Load "
+                f"it where transformers' MXFP4 kernels run (CUDA, triton >= 3.4, the `kernels` "
+                f"package), or on a larger device"
             )
         msg = (
             f"peagle: {name}: {sizes}. {reason[0].upper() + reason[1:]}: dequantizing the "
-            f"experts at load time (~{dq_bytes / GIB:.1f} GiB of weights on {device}, plus the "
-            f"KV cache)."
+            f"experts at load time (~{_size(dq_bytes)} of weights on {device}, plus the KV "
+            f"cache)."
         )
         return QuantPlan(name, device, False, reason, dtype, params, mx_bytes, dq_bytes, msg)
 
@@ -211,7 +225,7 @@ def plan_quantized_load(
         return dequant_plan(blocker)
     msg = (
         f"peagle: {name}: {sizes}. Keeping MXFP4 with transformers' kernels "
-        f"(~{mx_bytes / GIB:.1f} GiB of weights on {device}, plus the KV cache)."
+        f"(~{_size(mx_bytes)} of weights on {device}, plus the KV cache)."
     )
     fallback = None
     if mode == "auto":
