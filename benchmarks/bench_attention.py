@@ -10,7 +10,11 @@ baselines read the same K/V gathered into contiguous [B, Hkv, kv, D] tensors:
   explicit boolean bottom-right mask (one K/V read per KV head, like peagle);
 * ``flex``: compiled FlexAttention with a bottom-right causal block mask and ``enable_gqa``.
 
-Outputs are compared with peagle's before timing. Timing (PERF.md §4): CUDA events, warm-up,
+``--impls`` also times peagle's other kernel variants (``PEAGLE_ATTN_IMPL``: ``mma``, ``wgmma``,
+``mma-n32``, ``wgmma-n32``; rows ``peagle[<impl>]``; ``peagle`` is the default choice).
+
+Outputs are compared with peagle's before timing (``BAD`` marks a max difference above 0.1, i.e.
+a wrong result rather than bf16 rounding). Timing (PERF.md §4): CUDA events, warm-up,
 median; every implementation is captured in a CUDA graph when it can be (N calls per graph,
 replay / N; eager otherwise, marked in ``mode``); peagle is also timed eagerly
 (``peagle-eager``). Inputs rotate through enough sets to touch >= 4x the L2 (``l2: cold``).
@@ -20,12 +24,14 @@ same run.
     python benchmarks/bench_attention.py --out benchmarks/results/attention-h200.json
     python benchmarks/bench_attention.py --quick        # a few cases, smoke run
     python benchmarks/bench_attention.py --filter h32-8 --out ...   # one head config
+    python benchmarks/bench_attention.py --filter h64-8 --impls mma --out ...  # + a variant
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -95,6 +101,23 @@ class Case:
         return self.queries[s].view(self.b, Q_LEN, self.hq, self.d).transpose(1, 2)
 
 
+def with_impl(fn, impl: str):
+    """fn under PEAGLE_ATTN_IMPL=impl (read by the launcher at every call, so at graph capture)."""
+
+    def run(i):
+        old = os.environ.get("PEAGLE_ATTN_IMPL")
+        os.environ["PEAGLE_ATTN_IMPL"] = impl
+        try:
+            return fn(i)
+        finally:
+            if old is None:
+                del os.environ["PEAGLE_ATTN_IMPL"]
+            else:
+                os.environ["PEAGLE_ATTN_IMPL"] = old
+
+    return run
+
+
 def kv_bytes(c: Case) -> int:
     return c.b * c.kv * c.hkv * c.d * 2 * 2
 
@@ -158,7 +181,7 @@ def make_baselines(c: Case, n_sets: int, with_flex: bool = True):
 
 def check_outputs(c: Case, fns) -> dict:
     """Max |impl - peagle| on set 0 (bf16 outputs; a few 1e-2 is rounding)."""
-    ref = c.peagle(0).float().view(c.b, Q_LEN, c.hq, c.d)
+    ref = c.peagle(0).float().view(c.b, Q_LEN, c.hq, c.d).clone()
     errs = {}
     for name, fn in fns.items():
         try:
@@ -166,7 +189,9 @@ def check_outputs(c: Case, fns) -> dict:
         except Exception as e:  # noqa: BLE001
             errs[name] = f"failed: {type(e).__name__}"
             continue
-        if name == "sdpa-packed-gqa":
+        if name.startswith("peagle["):
+            o = o.view(c.b, Q_LEN, c.hq, c.d).transpose(1, 2)
+        elif name == "sdpa-packed-gqa":
             o = o.view(c.b, c.hkv, c.group, Q_LEN, c.d).reshape(c.b, c.hq, Q_LEN, c.d)
         errs[name] = round((o.transpose(1, 2) - ref).abs().max().item(), 4)
     return errs
@@ -194,6 +219,11 @@ def main() -> None:
     ap.add_argument(
         "--filter", nargs="*", help="only cases whose name contains one of these, e.g. h32-8 B64"
     )
+    ap.add_argument(
+        "--impls",
+        default="",
+        help="comma-separated extra peagle kernel variants to time (PEAGLE_ATTN_IMPL values)",
+    )
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64  # FlexAttention recompiles per shape
 
@@ -214,9 +244,14 @@ def main() -> None:
                 c = Case(b, hq, hkv, d, kv, n_sets, seed=b * 7919 + kv)
                 nbytes = kv_bytes(c)
                 fns = {} if args.no_baselines else make_baselines(c, n_sets, not args.no_flex)
-                errs = check_outputs(c, fns)
-                print(f"{name}: sets={n_sets} max|impl - peagle| = {errs}")
-                all_fns = {"peagle": c.peagle, **fns}
+                variants = {
+                    f"peagle[{v}]": with_impl(c.peagle, v) for v in args.impls.split(",") if v
+                }
+                errs = check_outputs(c, {**variants, **fns})
+                bad = [k for k, e in errs.items() if not isinstance(e, str) and e > 0.1]
+                print(f"{name}: sets={n_sets} max|impl - peagle| = {errs}"
+                      + (f"  BAD: {bad}" if bad else ""))  # fmt: skip
+                all_fns = {"peagle": c.peagle, **variants, **fns}
                 for impl, fn in all_fns.items():
                     if isinstance(errs.get(impl), str):
                         continue

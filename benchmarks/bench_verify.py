@@ -10,8 +10,10 @@ and recovered steps as Triton kernels; here they are torch ops, so the baseline 
 launches but the same full-vocabulary fp32 passes, which dominate its time. It is not vLLM's
 code and is not bit-compatible with it.
 
-For B in {1, 8, 64}, K = 7, V in {151936, 201088}, greedy and T = 0.7 (plus one top-k/top-p
-case): both implementations run on the same inputs in the same process, inside CUDA graphs
+For B in {1, 8, 64}, K = 7, V in {151936, 201088}, greedy and T = 0.7 (plus top-k/top-p at
+B in {1, 64}, and "vllm-draws": peagle given vLLM's random inputs -- float64 uniforms, an
+exponential race over [B, V] float32 exponentials, bonus token ids -- as the vLLM adapter
+calls it): both implementations run on the same inputs in the same process, inside CUDA graphs
 (N calls captured back to back, replay / N, median of >= 100 replays), rotating through enough
 input sets to exceed the L2 several times (cold L2). Greedy outputs of the two paths are
 compared before timing. GB/s counts the bf16 logits bytes once; % is of a device-to-device copy
@@ -49,7 +51,9 @@ K = 7
 # ---------------------------------------------------------------------------------------------
 
 
-def make_set(b: int, v: int, temp: float, top: tuple[int, float] | None, seed: int) -> dict:
+def make_set(
+    b: int, v: int, temp: float, top: tuple[int, float] | None, seed: int, draws: bool = False
+) -> dict:
     g = torch.Generator(device="cuda").manual_seed(seed)
     rows = b * (K + 1)
     logits = (torch.randn(rows, v, device="cuda", generator=g) * 3.0).to(torch.bfloat16)
@@ -71,7 +75,14 @@ def make_set(b: int, v: int, temp: float, top: tuple[int, float] | None, seed: i
         "offsets": torch.zeros(b, device="cuda", dtype=torch.int64),
         "top_k": None,
         "top_p": None,
+        "uniforms": None,
+        "exponentials": None,
+        "bonus": None,
     }
+    if draws:  # vLLM's random inputs, as the adapter passes them
+        s["uniforms"] = torch.rand(b * K, device="cuda", generator=g, dtype=torch.float64)
+        s["exponentials"] = torch.empty(b, v, device="cuda").exponential_(generator=g)
+        s["bonus"] = torch.randint(0, v, (b,), device="cuda", generator=g, dtype=torch.int32)
     if top is not None:
         s["top_k"] = torch.full((b,), top[0], device="cuda", dtype=torch.int32)
         s["top_p"] = torch.full((b,), top[1], device="cuda")
@@ -94,7 +105,9 @@ class Peagle:
     def __call__(self, s: dict) -> ops.VerifyOutput:
         return ops.verify_chain(
             s["logits"], s["drafts"], s["cu"], s["temperature"], s["seeds"], s["offsets"],
-            top_k=s["top_k"], top_p=s["top_p"], max_num_draft_tokens=K, out=self.out,
+            top_k=s["top_k"], top_p=s["top_p"], uniforms=s["uniforms"],
+            exponentials=s["exponentials"], bonus_token_ids=s["bonus"], max_num_draft_tokens=K,
+            out=self.out,
         )  # fmt: skip
 
 
@@ -160,8 +173,9 @@ def vllm_multiop(s: dict, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays: int) -> None:
     logit_bytes = b * (K + 1) * v * 2
-    n_sets = l2_rotation_sets(logit_bytes)
-    sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
+    draws = "vllm-draws" in mode
+    n_sets = l2_rotation_sets(logit_bytes + (b * v * 4 if draws else 0))
+    sets = [make_set(b, v, temp, top, seed=i, draws=draws) for i in range(n_sets)]
     name = f"B={b},K={K},V={v},{mode}"
     peagle = Peagle(b)
     greedy = temp == 0.0
@@ -210,7 +224,10 @@ def main() -> None:
         for b in batches:
             cases.append((b, v, "greedy", 0.0, None))
             cases.append((b, v, "T=0.7", 0.7, None))
-    cases.append((64 if not args.quick else 8, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)))
+    for b in [1, 64] if not args.quick else [8]:
+        cases.append((b, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)))
+    for b in [1, 64] if not args.quick else [8]:
+        cases.append((b, 201088, "T=0.7,vllm-draws", 0.7, None))
 
     for b, v, mode, temp, top in cases:
         run_case(res, b, v, mode, temp, top, args.replays)

@@ -42,11 +42,14 @@ TORCH_LIBRARY(peagle, m) {
       "Tensor(a!) out, Tensor(b!)? lse=None, int window_left=-1, Tensor? sinks=None, "
       "int num_splits=0) -> ()");
 
-  // Tree-free (chain) verification straight from target logits (SPEC §6).
+  // Tree-free (chain) verification straight from target logits (SPEC §6). bonus_token_ids and
+  // exponentials (vLLM parity: the bonus token sampled outside, the recovered token by the
+  // exponential race) were appended last so positional callers keep working.
   m.def(
       "verify_chain(Tensor target_logits, Tensor draft_token_ids, Tensor cu_num_draft_tokens, "
       "Tensor temperature, Tensor seeds, Tensor offsets, Tensor(a!) output_token_ids, "
       "Tensor(b!) num_accepted, Tensor? top_k=None, Tensor? top_p=None, "
       "Tensor? draft_probs=None, Tensor? uniforms=None, Tensor? request_mask=None, "
-      "Tensor(c!)? accepted_per_position=None) -> ()");
+      "Tensor(c!)? accepted_per_position=None, Tensor? bonus_token_ids=None, "
+      "Tensor? exponentials=None) -> ()");
 }

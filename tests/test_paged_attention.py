@@ -21,6 +21,33 @@ import peagle
 
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 
+# CUDA kernel variants (PEAGLE_ATTN_IMPL, read at every launch): "auto" is the default choice
+# (wgmma on sm_90 for GQA groups >= 4, else mma.sync); the others force a tensor-core path and/or
+# 32-key KV tiles (head_dim 128, 64-row query tiles); "wgmma" falls back to mma.sync off sm_90.
+CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]
+
+
+@pytest.fixture(params=CUDA_IMPLS)
+def impl(request, device, monkeypatch) -> str:
+    """Runs a test once per CUDA kernel variant (CPU: once)."""
+    if request.param != "auto":
+        if device != "cuda":
+            pytest.skip("CUDA kernel variant")
+        monkeypatch.setenv("PEAGLE_ATTN_IMPL", request.param)
+    else:
+        monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+    return request.param
+
+
+@pytest.fixture(params=CUDA_IMPLS)
+def cuda_impl(request, monkeypatch) -> str:
+    """impl for CUDA-only tests."""
+    if request.param == "auto":
+        monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+    else:
+        monkeypatch.setenv("PEAGLE_ATTN_IMPL", request.param)
+    return request.param
+
 
 @dataclass
 class Problem:
@@ -195,7 +222,7 @@ SHAPES = [
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_ragged_batch_matches_reference(device, gen, dtype, shape):
+def test_ragged_batch_matches_reference(device, gen, dtype, shape, impl):
     hq, hkv, d, bs, layout = shape
     # Decode-shaped (14 rows), single row, short prefill, qlen > kv_len (B6).
     q_lens, kv_lens = [14, 1, 9, 6], [150, 37, 9, 3]
@@ -216,14 +243,14 @@ def test_fp32_cpu_and_odd_shapes(gen):
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
-def test_prefill_shaped(device, gen, dtype):
+def test_prefill_shaped(device, gen, dtype, impl):
     # Long query rows (prefill): several query tiles per request, causal triangle.
     pb = make_problem(gen, [70, 33], [70, 100], 16, 2, 128, 16, dtype, device, strided_query=True)
     out, lse = run_op(pb)
     check_against_reference(pb, out, lse)
 
 
-def test_long_context_decode(device, gen):
+def test_long_context_decode(device, gen, impl):
     # Long KV with a decode-shaped batch: the CUDA path splits the KV range.
     size = (3000, 1100) if device == "cuda" else (700, 260)
     pb = make_problem(gen, [14, 14], list(size), 32, 8, 128, 16, torch.bfloat16, device)
@@ -232,7 +259,7 @@ def test_long_context_decode(device, gen):
 
 
 @pytest.mark.parametrize("window_left", [0, 5, 40])
-def test_sliding_window_and_sinks(device, gen, window_left):
+def test_sliding_window_and_sinks(device, gen, window_left, impl):
     q_lens, kv_lens = [14, 3, 4], [90, 2, 50]
     pb = make_problem(gen, q_lens, kv_lens, 16, 4, 64, 16, torch.bfloat16, device)
     sinks = (torch.randn(16, generator=gen) * 2).to(device)
@@ -254,6 +281,17 @@ def test_sinks_on_empty_rows(device, gen):
     empty_rows = [0, 1, 4, 5]  # kv_len 2 < 4 rows: rows 0-1 see nothing; request 1 has no keys
     assert torch.all(out[empty_rows] == 0)
     assert torch.equal(lse[empty_rows].cpu(), sinks.cpu().expand(4, 8))
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.5])
+def test_negative_zero_and_large_scales(device, gen, scale, impl):
+    # The CUDA kernel takes exp2(s * |scale| * log2e - m) with Q's sign flipped for a negative
+    # scale and |scale| clamped to FLT_MIN (so masked -inf scores stay -inf at scale 0).
+    pb = make_problem(gen, [14, 5], [300, 37], 32, 8, 128, 16, torch.bfloat16, device)
+    out, lse = run_op(pb, softmax_scale=scale, max_query_len=14)
+    check_against_reference(pb, out, lse, softmax_scale=scale)
+    out, lse = run_op(pb, softmax_scale=scale, max_query_len=14, num_splits=3)
+    check_against_reference(pb, out, lse, softmax_scale=scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +428,7 @@ def test_output_views_and_default_scale(device, gen):
     assert torch.isnan(big[:, :, 64:]).all(), "wrote outside the output view"
 
 
-def test_results_do_not_depend_on_hints(device, gen):
+def test_results_do_not_depend_on_hints(device, gen, impl):
     # max_query_len is only a launch hint, and a fixed split count is bit-reproducible.
     pb = make_problem(gen, [40, 14, 3], [300, 140, 3], 32, 8, 64, 16, torch.bfloat16, device)
     base = run_op(pb, num_splits=3)
@@ -540,7 +578,7 @@ def test_torch_compile_fullgraph(device, gen):
 @requires_cuda
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64), (8, 8, 64)])
-def test_cuda_num_splits_agree_with_auto(gen, dtype, heads):
+def test_cuda_num_splits_agree_with_auto(gen, dtype, heads, cuda_impl):
     hq, hkv, d = heads
     pb = make_problem(gen, [14, 14, 1, 5], [4000, 900, 64, 3], hq, hkv, d, 16, dtype, "cuda")
     auto_out, auto_lse = run_op(pb, max_query_len=14)
@@ -557,7 +595,7 @@ def test_cuda_num_splits_agree_with_auto(gen, dtype, heads):
 
 
 @requires_cuda
-def test_cuda_bit_reproducible(gen):
+def test_cuda_bit_reproducible(gen, cuda_impl):
     pb = make_problem(
         gen, [14] * 6, [5000, 70, 2000, 14, 800, 3333], 32, 8, 128, 16, torch.bfloat16, "cuda"
     )
@@ -570,7 +608,7 @@ def test_cuda_bit_reproducible(gen):
 
 @requires_cuda
 @pytest.mark.parametrize("block_size", [8, 16, 32, 128])
-def test_cuda_block_sizes_and_tiles(gen, block_size):
+def test_cuda_block_sizes_and_tiles(gen, block_size, cuda_impl):
     # Pages smaller and larger than the 64-key tile; hint smaller than the real query length.
     pb = make_problem(gen, [14, 30, 2], [700, 95, 64], 32, 4, 64, block_size, torch.float16, "cuda")
     out, lse = run_op(pb, max_query_len=4)
@@ -578,14 +616,36 @@ def test_cuda_block_sizes_and_tiles(gen, block_size):
 
 
 @requires_cuda
-def test_cuda_long_single_request(gen):
-    pb = make_problem(gen, [14], [16384], 32, 8, 128, 16, torch.bfloat16, "cuda")
+@pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64), (64, 8, 128)])
+def test_cuda_long_single_request(gen, heads, cuda_impl):
+    # B = 1 at 16k keys: the automatic split count is at its largest (merge of ~32 partials).
+    hq, hkv, d = heads
+    pb = make_problem(gen, [14], [16384], hq, hkv, d, 16, torch.bfloat16, "cuda")
     out, lse = run_op(pb, max_query_len=14)
     check_against_reference(pb, out, lse)
 
 
 @requires_cuda
-def test_cuda_graph_replay_with_new_lengths(gen):
+@pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64), (64, 8, 128), (16, 16, 64)])
+def test_cuda_impls_agree(gen, heads, monkeypatch):
+    # Every kernel variant computes the same function (up to fp32 accumulation order).
+    hq, hkv, d = heads
+    pb = make_problem(gen, [14, 14, 3], [2500, 700, 40], hq, hkv, d, 16, torch.bfloat16, "cuda")
+    monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+    base = run_op(pb, max_query_len=14, num_splits=4)
+    check_against_reference(pb, *base)
+    for name in CUDA_IMPLS[1:]:
+        monkeypatch.setenv("PEAGLE_ATTN_IMPL", name)
+        for ns in (4, 0):
+            out, lse = run_op(pb, max_query_len=14, num_splits=ns)
+            torch.testing.assert_close(
+                out.float(), base[0].float(), rtol=1.6e-2, atol=1.6e-2, msg=f"{name} ns={ns}"
+            )
+            torch.testing.assert_close(lse, base[1], rtol=0, atol=1e-4, msg=f"{name} ns={ns}")
+
+
+@requires_cuda
+def test_cuda_graph_replay_with_new_lengths(gen, cuda_impl):
     b, hq, hkv, d, bs, width = 4, 32, 8, 128, 16, 64
     pb = make_problem(gen, [14] * b, [width * bs] * b, hq, hkv, d, bs, torch.bfloat16, "cuda",
                       max_blocks=width, poison_stale=False)  # fmt: skip

@@ -98,6 +98,8 @@ def make_case(
         draft_probs=q,
         uniforms=None,
         request_mask=None,
+        bonus_token_ids=None,
+        exponentials=None,
     )
     case.counts = list(counts)
     return case
@@ -142,6 +144,8 @@ def run_op(case: Case, device: str, max_n: int | None = None, **overrides) -> Ve
         draft_probs=args["draft_probs"],
         uniforms=args["uniforms"],
         request_mask=args["request_mask"],
+        bonus_token_ids=args["bonus_token_ids"],
+        exponentials=args["exponentials"],
         out=out,
     )
     assert res is out
@@ -169,6 +173,8 @@ def reference(case: Case, max_n: int | None = None, uniforms: torch.Tensor | Non
         draft_probs=case["draft_probs"],
         request_mask=case["request_mask"],
         max_num_draft_tokens=max_n,
+        exponentials=case["exponentials"],
+        bonus_token_ids=case["bonus_token_ids"],
     )
 
 
@@ -382,6 +388,155 @@ def test_injected_uniforms_decide_acceptance(device):
     got = run_op(case, device)
     assert got.num_accepted.tolist() == [0, 0]
     assert_matches(got, reference(case), case)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM parity inputs: bonus_token_ids, exponentials (SPEC §6.4-6.6)
+# ---------------------------------------------------------------------------------------------
+
+
+def _exponentials(case: Case, gen: torch.Generator) -> torch.Tensor:
+    return torch.empty(case.b, case.vocab).exponential_(generator=gen)
+
+
+@pytest.mark.parametrize("variant", ["plain", "draft_probs", "top_k_top_p", "draft_probs_top_k"])
+def test_exponential_race_matches_reference(device, variant):
+    gen = torch.Generator().manual_seed(300 + len(variant))
+    counts = [4, 0, 2, 7, 1, 3, 5, 5]
+    kw = {
+        "plain": {},
+        "draft_probs": {"draft_probs": True},
+        "top_k_top_p": {"top_k": [5, 0, 40, 3, 0, 9, 1, 100], "top_p": [0.9, 0.8] * 4},
+        "draft_probs_top_k": {"draft_probs": True, "top_k": [20, 0, 5, 1, 64, 2, 0, 7]},
+    }[variant]
+    case = make_case(
+        counts, 1000, gen, temps=[0.7, 1.0, 1.3, 0.5, 0.9, 2.0, 0.8, 1.1], scale=1.5,
+        p_follow=0.5, **kw,
+    )  # fmt: skip
+    case["exponentials"] = _exponentials(case, gen)
+    got = run_op(case, device)
+    ref = reference(case)
+    assert_matches(got, ref, case)
+    assert (got.output_token_ids == ref.output_token_ids).float().mean() > 0.9
+    # The race, not the Gumbel noise, decided: the Philox-only reference differs somewhere.
+    plain = dict(case)
+    plain["exponentials"] = None
+    plain = Case(plain)
+    plain.counts = case.counts
+    assert not torch.equal(reference(plain).output_token_ids, ref.output_token_ids)
+
+
+def test_exponential_race_picks_residual_over_e(device):
+    """Hand-checked race: p = [0.1, 0.3, 0.3, 0.3] (no draft_probs, draft 3 rejected with u ~ 1):
+    residual = [0.1, 0.3, 0.3, 0]; with E = [0.05, 1, 1, 1e-9] the scores residual * (1/E) are
+    [2, .3, .3, -] so id 0 wins (E of the removed draft is irrelevant); with E = [1, 0.5, 0.5, 1]
+    ids 1 and 2 tie exactly (equal logits, equal E) -> the lower id (1)."""
+    v = 4
+    case = make_case([1], v, torch.Generator().manual_seed(31), temps=1.0)
+    probs = torch.tensor([0.1, 0.3, 0.3, 0.3], dtype=torch.float64)
+    case["target_logits"] = torch.log(probs).float().repeat(2, 1)
+    case["draft_token_ids"] = torch.tensor([3], dtype=torch.int32)
+    case["uniforms"] = torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)
+    case["exponentials"] = torch.tensor([[0.05, 1.0, 1.0, 1e-9]])
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[0, -1]]
+    case["exponentials"] = torch.tensor([[1.0, 0.5, 0.5, 1.0]])
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[1, -1]]
+
+
+def test_exponential_race_empty_residual_falls_back_to_argmax(device):
+    """q(x) = 0 rejects; with p == q the residual max(p - q, 0) is all zero: argmax of p."""
+    v = 4
+    case = make_case([1], v, torch.Generator().manual_seed(32), temps=1.0)
+    case["target_logits"] = torch.tensor([[0.0, 1.0, -math.inf, 0.5], [0.0] * 4])
+    case["draft_token_ids"] = torch.tensor([2], dtype=torch.int32)
+    case["draft_probs"] = torch.softmax(case["target_logits"][:1], dim=1)
+    case["uniforms"] = torch.tensor([0.0], dtype=torch.float64)
+    case["exponentials"] = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[1, -1]] and got.num_accepted.tolist() == [0]
+
+
+@pytest.mark.parametrize("temps", [0.0, 0.8, "mixed"])
+def test_bonus_token_ids_replace_the_bonus(device, temps):
+    """All-accepted requests (greedy and random) emit the given bonus id; the bonus rows are never
+    read (filled with NaN here); 0-draft requests emit exactly the given id."""
+    gen = torch.Generator().manual_seed(33)
+    counts = [3, 0, 2, 4, 0, 1]
+    t = [0.0, 0.8, 0.0, 1.2, 0.0, 0.5] if temps == "mixed" else temps
+    case = make_case(
+        counts, 500, gen, temps=t, p_follow=0.95, scale=8.0, top_k=[0, 10, 0, 50, 3, 0]
+    )  # peaked rows: random requests accept their argmax drafts too
+    case["bonus_token_ids"] = torch.tensor([11, 22, 33, 44, 55, 66], dtype=torch.int32)
+    _, draft_rows = layout(counts)
+    bonus_rows = sorted(set(range(case["target_logits"].shape[0])) - set(draft_rows.tolist()))
+    ref = reference(case)  # computed on the intact logits
+    case["target_logits"][bonus_rows] = float("nan")
+    got = run_op(case, device)
+    assert_matches(got, ref, case)
+    for r, n in enumerate(counts):
+        if int(got.num_accepted[r]) == n:
+            assert int(got.output_token_ids[r, n]) == 11 * (r + 1)
+    assert got.output_token_ids[1, 0] == 22 and got.output_token_ids[4, 0] == 55
+    assert (got.num_accepted == torch.tensor(counts)).sum() >= 3
+
+
+def _vllm_v016_style(case: Case, uniforms: torch.Tensor) -> torch.Tensor:
+    """vLLM v0.16's probability-level rejection sampler, written here from its documented steps
+    (not its code): fp32 logits / T, softmax; accept iff q > 0 and p / q >= u; recovered =
+    argmax(residual * (1/E)) over the whole row (residual = p with the draft zeroed, or
+    clamp(p - q, 0)); bonus = the given bonus id. Random requests only, no top-k/top-p."""
+    logits = case["target_logits"].float()
+    cu = case["cu_num_draft_tokens"].tolist()
+    drafts = case["draft_token_ids"].long()
+    e = case["exponentials"].float()
+    q_all = case["draft_probs"]
+    out = torch.full((case.b, max(case.counts) + 1), -1, dtype=torch.int32)
+    for r in range(case.b):
+        d0 = cu[r - 1] if r else 0
+        n = case.counts[r]
+        t = float(case["temperature"][r])
+        for j in range(n):
+            p = torch.softmax(logits[d0 + r + j] / t, dim=0)
+            x = int(drafts[d0 + j])
+            qx = 1.0 if q_all is None else float(q_all[d0 + j, x])
+            if qx > 0 and float(p[x]) / qx >= float(uniforms[d0 + j]):
+                out[r, j] = x
+                continue
+            if q_all is None:
+                res = p.clone()
+                res[x] = 0.0
+            else:
+                res = torch.clamp(p - q_all[d0 + j].float(), min=0.0)
+            out[r, j] = int(torch.argmax(res * e[r].reciprocal()))
+            break
+        else:
+            out[r, n] = int(case["bonus_token_ids"][r])
+    return out
+
+
+@pytest.mark.parametrize("draft_probs", [False, True], ids=["argmax_drafts", "draft_probs"])
+def test_vllm_parity_with_injected_draws(device, draft_probs):
+    """With uniforms, exponentials and bonus ids injected, the op reproduces a vLLM-style fp32
+    pipeline row for row, except where the fp64 reference says a decision is within rounding."""
+    gen = torch.Generator().manual_seed(34 + draft_probs)
+    b = 96
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    case = make_case(
+        counts, 3001, gen, temps=[float(x) for x in torch.rand(b, generator=gen) + 0.3],
+        scale=2.0, p_follow=0.6, draft_probs=draft_probs,
+    )  # fmt: skip
+    case["uniforms"] = torch.rand(sum(counts), generator=gen, dtype=torch.float64)
+    case["exponentials"] = _exponentials(case, gen)
+    case["bonus_token_ids"] = torch.randint(0, 3001, (b,), generator=gen, dtype=torch.int32)
+    got = run_op(case, device)
+    want = _vllm_v016_style(case, case["uniforms"])
+    ref = reference(case)
+    differ = (got.output_token_ids != want).any(dim=1)
+    for r in torch.nonzero(differ).flatten().tolist():
+        assert float(ref.margin[r]) < MARGIN_TOL, (r, got.output_token_ids[r], want[r])
+    assert int(differ.sum()) <= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,6 +994,8 @@ def _bad_args(device):
     case["top_k"] = torch.tensor([0, 3], dtype=torch.int32)
     case["top_p"] = torch.tensor([1.0, 0.9])
     case["request_mask"] = torch.tensor([True, True])
+    case["bonus_token_ids"] = torch.tensor([3, 7], dtype=torch.int32)
+    case["exponentials"] = torch.empty(2, 10).exponential_(generator=gen)
     args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     args["output_token_ids"] = torch.empty(2, 3, dtype=torch.int32, device=device)
     args["num_accepted"] = torch.empty(2, dtype=torch.int32, device=device)
@@ -851,7 +1008,7 @@ def _call_raw(a):
         a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
         a["seeds"], a["offsets"], a["output_token_ids"], a["num_accepted"], a["top_k"],
         a["top_p"], a["draft_probs"], a["uniforms"], a["request_mask"],
-        a["accepted_per_position"],
+        a["accepted_per_position"], a["bonus_token_ids"], a["exponentials"],
     )  # fmt: skip
 
 
@@ -874,6 +1031,8 @@ BAD_TYPES = {
     "output_token_ids": (lambda a: a["output_token_ids"].long(), "output_token_ids"),
     "num_accepted": (lambda a: a["num_accepted"].long(), "num_accepted"),
     "accepted_per_position": (lambda a: a["accepted_per_position"].int(), "accepted_per_position"),
+    "bonus_token_ids": (lambda a: a["bonus_token_ids"].long(), "bonus_token_ids"),
+    "exponentials": (lambda a: a["exponentials"].double(), "exponentials"),
 }
 
 BAD_SHAPES = {
@@ -907,6 +1066,18 @@ BAD_SHAPES = {
         lambda a: a["accepted_per_position"][:, :1],
         "accepted_per_position",
     ),
+    "bonus_token_ids": (
+        "bonus_token_ids",
+        lambda a: a["bonus_token_ids"][:, None],
+        "bonus_token_ids",
+    ),
+    "exponentials_rows": ("exponentials", lambda a: a["exponentials"][:1], "exponentials"),
+    "exponentials_vocab": ("exponentials", lambda a: a["exponentials"][:, :9], "exponentials"),
+    "exponentials_col_stride": (
+        "exponentials",
+        lambda a: a["exponentials"].repeat_interleave(2, dim=1)[:, ::2],
+        "unit stride",
+    ),
 }
 
 
@@ -939,6 +1110,8 @@ BAD_VALUES = {
     "top_k_negative": ("top_k", [0, -1], "top_k"),
     "top_p_zero": ("top_p", [1.0, 0.0], "top_p"),
     "top_p_above_one": ("top_p", [1.5, 0.9], "top_p"),
+    "bonus_id_negative": ("bonus_token_ids", [0, -1], "bonus_token_ids"),
+    "bonus_id_too_large": ("bonus_token_ids", [10, 2], "bonus_token_ids"),
 }
 
 
@@ -954,7 +1127,10 @@ def test_bad_values_cpu(case):
 @requires_cuda
 def test_wrong_device():
     a = _bad_args("cuda")
-    for name in ("draft_token_ids", "temperature", "seeds", "uniforms", "output_token_ids"):
+    for name in (
+        "draft_token_ids", "temperature", "seeds", "uniforms", "output_token_ids",
+        "bonus_token_ids", "exponentials",
+    ):  # fmt: skip
         b = dict(a)
         b[name] = b[name].cpu()
         with pytest.raises(RuntimeError, match=name):
@@ -972,7 +1148,7 @@ def test_opcheck(device):
         a["target_logits"], a["draft_token_ids"], a["cu_num_draft_tokens"], a["temperature"],
         a["seeds"], a["offsets"], a["output_token_ids"], a["num_accepted"], a["top_k"],
         a["top_p"], a["draft_probs"], a["uniforms"], a["request_mask"],
-        a["accepted_per_position"],
+        a["accepted_per_position"], a["bonus_token_ids"], a["exponentials"],
     )  # fmt: skip
     torch.library.opcheck(torch.ops.peagle.verify_chain.default, args)
 
@@ -1008,30 +1184,38 @@ def _agreement(case: Case) -> tuple[VerifyOutput, VerifyOutput]:
 @requires_cuda
 @pytest.mark.parametrize("vocab", [111, 4097, 32001, 151936, 201088])
 @pytest.mark.parametrize(
-    "variant", ["greedy", "plain", "draft_probs", "top_k", "top_p", "top_k_top_p"]
-)
+    "variant",
+    [
+        "greedy", "plain", "draft_probs", "top_k", "top_p", "top_k_top_p", "greedy_bonus_ids",
+        "exp_race_bonus_ids", "exp_race_draft_probs_top_k",
+    ],
+)  # fmt: skip
 def test_cuda_matches_cpu(vocab, variant):
     gen = torch.Generator().manual_seed(vocab + len(variant))
     b = 64 if vocab > 40000 else 256
     counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
     kw = {}
-    if variant == "greedy":
+    if variant.startswith("greedy"):
         kw["temps"] = 0.0
     else:
         kw["temps"] = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
-    if variant == "draft_probs":
+    if "draft_probs" in variant:
         kw["draft_probs"] = True
     if "top_k" in variant:
         kw["top_k"] = [int(x) for x in torch.randint(0, 300, (b,), generator=gen)]
     if "top_p" in variant:
         kw["top_p"] = [float(x) for x in torch.rand(b, generator=gen) * 0.9 + 0.1]
     case = make_case(counts, vocab, gen, dtype=torch.bfloat16, scale=2.5, **kw)
+    if "bonus_ids" in variant:
+        case["bonus_token_ids"] = torch.randint(0, vocab, (b,), generator=gen, dtype=torch.int32)
+    if "exp_race" in variant:
+        case["exponentials"] = _exponentials(case, gen)
     cpu, cuda = _agreement(case)
     check_invariants(cuda, case)
     same = (cpu.output_token_ids == cuda.output_token_ids).all(dim=1) & (
         cpu.num_accepted == cuda.num_accepted
     )
-    if variant == "greedy":
+    if variant.startswith("greedy"):
         assert same.all()
     else:
         # SPEC §0.1: rows may differ only where float rounding flips a comparison (<= 0.1%); with
@@ -1108,3 +1292,157 @@ def test_cuda_deterministic(vocab):
         again = run_op(case, "cuda")
         for x, y in zip(first, again, strict=True):
             assert torch.equal(x, y)
+
+
+def _same_rows(a: VerifyOutput, b: VerifyOutput) -> torch.Tensor:
+    same_tokens = (a.output_token_ids == b.output_token_ids).all(dim=1)
+    return same_tokens & (a.num_accepted == b.num_accepted)
+
+
+# row_filter's three ways to the kept-set threshold (verify_chain_filter.cuh): candidates above
+# a bound (top-k: split maxima; top-p: m - D), every element a candidate (bound -inf and
+# V <= 4096), and radix passes over the whole row (candidates overflow 4096: flat top-p,
+# top_k > 256 on a large vocabulary).
+FILTER_PATHS = {
+    "top_k_candidates": dict(vocab=32001, scale=3.0, top_k=(1, 256), top_p=None),
+    "top_p_candidates": dict(vocab=32001, scale=4.0, top_k=None, top_p=(0.5, 0.95)),
+    "top_k_top_p_candidates": dict(vocab=151936, scale=3.0, top_k=(1, 100), top_p=(0.3, 0.99)),
+    "all_candidates": dict(vocab=1000, scale=2.0, top_k=(257, 999), top_p=(0.6, 1.0)),
+    "fallback_flat_top_p": dict(vocab=32001, scale=0.05, top_k=None, top_p=(0.8, 0.95)),
+    "fallback_large_top_k": dict(vocab=32001, scale=2.0, top_k=(300, 3000), top_p=(0.7, 1.0)),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("path", list(FILTER_PATHS))
+def test_cuda_filter_paths_match_cpu(path):
+    cfg = FILTER_PATHS[path]
+    gen = torch.Generator().manual_seed(len(path))
+    b = 24
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    kw = {}
+    if cfg["top_k"] is not None:
+        lo, hi = cfg["top_k"]
+        kw["top_k"] = [int(x) for x in torch.randint(lo, hi + 1, (b,), generator=gen)]
+    if cfg["top_p"] is not None:
+        lo, hi = cfg["top_p"]
+        kw["top_p"] = [float(x) for x in torch.rand(b, generator=gen) * (hi - lo) + lo]
+    temps = [float(x) for x in torch.rand(b, generator=gen) + 0.5]
+    case = make_case(
+        counts, cfg["vocab"], gen, temps=temps, dtype=torch.bfloat16, scale=cfg["scale"], **kw
+    )
+    cpu, cuda = _agreement(case)
+    check_invariants(cuda, case)
+    assert int((~_same_rows(cpu, cuda)).sum()) <= 1
+    again = run_op(case, "cuda")
+    for x, y in zip(cuda, again, strict=True):
+        assert torch.equal(x, y)
+
+
+@requires_cuda
+def test_cuda_many_requests_loop_over_the_grid():
+    """B = 70000 requests and ~140000 rows: past the 65535 grid-y limit every kernel loops."""
+    gen = torch.Generator().manual_seed(42)
+    b = 70000
+    counts = [int(x) for x in torch.randint(0, 3, (b,), generator=gen)]
+    temps = [0.0 if x < 0.4 else 0.9 for x in torch.rand(b, generator=gen).tolist()]
+    top_k = [int(x) for x in torch.randint(0, 6, (b,), generator=gen)]
+    case = make_case(counts, 7, gen, temps=temps, top_k=top_k, scale=1.5)
+    case["request_mask"] = torch.rand(b, generator=gen) < 0.95
+    cpu, cuda = _agreement(case)
+    check_invariants(cuda, case)
+    same = _same_rows(cpu, cuda)
+    greedy = torch.tensor(temps) == 0.0
+    assert same[greedy].all()
+    assert int((~same).sum()) <= int(0.001 * b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("parity", [False, True], ids=["philox", "vllm_inputs"])
+def test_cuda_graph_replay_is_bit_identical_to_eager(parity):
+    """Counters zeroed in-kernel and the programmatic launches inside a graph: every replay
+    equals the eager call on the same inputs, bit for bit (filtered rows, recovered and bonus
+    tokens, and with parity inputs the exponential race and given bonus ids)."""
+    gen = torch.Generator().manual_seed(43 + parity)
+    b, k, v = 16, 7, 32001
+    kw = {"temps": [0.0, 0.7, 1.0, 1.3] * 4, "top_k": [0, 50, 0, 5] * 4}
+    kw["top_p"] = [1.0, 0.9, 0.8, 1.0] * 4
+    cases = [make_case([k] * b, v, gen, dtype=torch.bfloat16, p_follow=0.9, **kw) for _ in range(3)]
+    for c in cases:
+        if parity:
+            c["exponentials"] = _exponentials(c, gen)
+            c["bonus_token_ids"] = torch.randint(0, v, (b,), generator=gen, dtype=torch.int32)
+            c["uniforms"] = torch.rand(b * k, generator=gen, dtype=torch.float64)
+    static = {
+        key: (val.cuda().clone() if isinstance(val, torch.Tensor) else val)
+        for key, val in cases[0].items()
+    }
+    out = VerifyOutput(
+        torch.empty(b, k + 1, dtype=torch.int32, device="cuda"),
+        torch.empty(b, dtype=torch.int32, device="cuda"),
+        torch.empty(b, k, dtype=torch.bool, device="cuda"),
+    )
+
+    def call():
+        verify_chain(
+            static["target_logits"], static["draft_token_ids"], static["cu_num_draft_tokens"],
+            static["temperature"], static["seeds"], static["offsets"], top_k=static["top_k"],
+            top_p=static["top_p"], uniforms=static["uniforms"],
+            bonus_token_ids=static["bonus_token_ids"], exponentials=static["exponentials"],
+            out=out,
+        )  # fmt: skip
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+        call()  # two calls per replay: the second must not see the first's counters
+    for c in cases + cases[::-1]:
+        want = run_op(c, "cuda")
+        for key, val in c.items():
+            if isinstance(val, torch.Tensor):
+                static[key].copy_(val)
+        poison_(out.output_token_ids)
+        poison_(out.num_accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(out, want, strict=True):
+            assert torch.equal(x.cpu(), y)
+        check_invariants(VerifyOutput(*(t.cpu() for t in out)), c)
+
+
+_PDL_SNIPPET = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_verify_chain import make_case, run_op
+gen = torch.Generator().manual_seed(44)
+case = make_case([7, 0, 3, 5], 32001, gen, temps=[0.0, 0.8, 1.1, 0.6], dtype=torch.bfloat16,
+                 top_k=[0, 40, 0, 3], top_p=[1.0, 0.9, 0.8, 1.0])
+got = run_op(case, "cuda")
+torch.save(tuple(t.clone() for t in got), {path!r})
+"""
+
+
+@requires_cuda
+def test_cuda_plain_launches_match_programmatic(tmp_path):
+    """PEAGLE_DISABLE_PDL=1 (plain launches, read once per process, hence a subprocess) gives the
+    same bits as the programmatic dependent launches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)
+    out = {}
+    for flag in ("0", "1"):
+        path = str(tmp_path / f"pdl{flag}.pt")
+        env = dict(os.environ, PEAGLE_DISABLE_PDL=flag)
+        code = _PDL_SNIPPET.format(tests=tests, path=path)
+        subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+        out[flag] = torch.load(path)
+    for x, y in zip(out["0"], out["1"], strict=True):
+        assert torch.equal(x, y)

@@ -1,20 +1,30 @@
 """Lane-level numpy emulation of csrc/cuda/paged_attention.cu, for checking the kernel's index
 math without a GPU (the CPU CI machine has none).
 
-It mirrors the kernel line by line: the grid (request, KV head x query-tile CTA, split), packed
-(row, head) query tiles, tile_keys / split_count, the cp.async stage ring (loads land at issue
-time, so a stage overwritten before it is consumed corrupts the result), the XOR-swizzled shared
-memory, ldmatrix (.x4, .trans) and mma.sync.m16n8k16 fragment layouts as the PTX ISA defines
-them, the exp2-domain online softmax, the epilogue (direct or fp32 partials) and the merge
-kernel. bf16 rounding of P and of the output is modelled with torch. Each m16 tile of the packed
-query tile is emulated as its own warp (the kernel's warp w owns m16 tiles w*kMT .. w*kMT+kMT-1 and
-shares each K/V fragment between them, which changes no value). Slow (pure Python loops over warps
-and tiles): use small problems.
+It mirrors the kernel line by line: the plan (tensor-core path, tile sizes, ring depth, split
+cap), the 1-D grid (KV heads fastest, then splits, requests; inert-row CTAs last), packed
+(row, head) query tiles, tile_keys / split_count, the per-thread K/V copy assignment and the
+block-id prefetch one tile ahead, the cp.async group ring, the panelled 128-byte-swizzle
+shared-memory tiles, the exp2-domain online softmax (FFMA form, rescale only on a changed
+maximum, Q sign flip for a negative scale), the epilogue (direct or fp32 partials) and the merge
+kernel. The two tensor-core paths are modelled from the PTX ISA definitions, independently of
+the kernel code:
+
+* mma.sync: ldmatrix (.x4, .trans) and mma.m16n8k16 fragment layouts;
+* wgmma: the matrix descriptor is decoded (start, LBO, SBO, 128-byte swizzle applied to the
+  absolute address bits) and B is gathered through CuTe's canonical K-major / MN-major layouts;
+  A and D go through CuTe's ALayout_64x16 / CLayout_64xN register layouts.
+
+Every block-table read is checked against the columns the request may read (SPEC §5), and
+cp.async data is applied either at issue or only at the wait that guarantees it (two runs):
+a stage overwritten before it is consumed, or read before its group completed, corrupts the
+result. bf16 rounding of Q/K/V, P and the output is modelled with torch. Slow (Python loops over
+lanes): small problems only.
 
     python tools/emulate_paged_attention.py          # random cases vs tests/reference
 """
 
-# ruff: noqa: B023  (load_kv closes over the current tile on purpose, like the kernel lambda)
+# ruff: noqa: B023  (the loader closures use the current tile's values on purpose, like the kernel)
 from __future__ import annotations
 
 import math
@@ -28,64 +38,115 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from reference.paged_attention import paged_attention_ref  # noqa: E402
 
-BLOCK_N = 64
-STAGES = 3
 MIN_TILES_PER_SPLIT = 2
+MAX_AUTO_SPLITS = 64
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = -math.inf
+FLT_MIN = np.float32(1.17549435e-38)
+LANES = np.arange(32)
 
 
 def bf16_round(x):
     return torch.from_numpy(np.asarray(x, dtype=np.float32)).bfloat16().float().numpy()
 
 
-# ---- PTX fragment semantics ------------------------------------------------------------------
+def f32(x):
+    return np.float32(x)
 
 
-def swizzle(d, row, chunk):
-    return row * (d * 2) + ((chunk ^ (row & 7)) << 4)
+# ---- PTX fragment semantics --------------------------------------------------------------------
+
+
+def tile_offset(rows, row, chunk):
+    """Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] panelled tile."""
+    return (chunk >> 3) * (rows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4)
 
 
 def ldmatrix_x4(smem, addrs, trans=False):
-    """smem: float32 array indexed by element (byte address / 2); addrs[lane] = row address of
-    row lane % 8 of matrix lane // 8. Returns regs[lane, 4, 2] (two b16 values per register)."""
+    """addrs[lane] = byte address of row lane % 8 of matrix lane // 8. Returns regs[32, 4, 2]."""
     regs = np.zeros((32, 4, 2), dtype=np.float32)
+    g, t = LANES // 4, LANES % 4
     for j in range(4):
         mat = np.stack([smem[addrs[8 * j + r] // 2 : addrs[8 * j + r] // 2 + 8] for r in range(8)])
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            if trans:
-                regs[lane, j] = [mat[2 * t, g], mat[2 * t + 1, g]]
-            else:
-                regs[lane, j] = mat[g, 2 * t : 2 * t + 2]
+        if trans:
+            regs[:, j, 0] = mat[2 * t, g]
+            regs[:, j, 1] = mat[2 * t + 1, g]
+        else:
+            regs[:, j, 0] = mat[g, 2 * t]
+            regs[:, j, 1] = mat[g, 2 * t + 1]
     return regs
 
 
 def mma(d, a, b0, b1):
-    """d[lane, 4] += A(16x16 from a[lane,4,2]) @ B(16x8 from b0/b1[lane,2]) in fp32."""
-    A = np.zeros((16, 16), dtype=np.float32)
-    B = np.zeros((16, 8), dtype=np.float32)
-    C = np.zeros((16, 8), dtype=np.float32)
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        for e in range(2):
-            A[g, 2 * t + e] = a[lane, 0, e]
-            A[g + 8, 2 * t + e] = a[lane, 1, e]
-            A[g, 8 + 2 * t + e] = a[lane, 2, e]
-            A[g + 8, 8 + 2 * t + e] = a[lane, 3, e]
-            B[2 * t + e, g] = b0[lane, e]
-            B[8 + 2 * t + e, g] = b1[lane, e]
-        C[g, 2 * t : 2 * t + 2] = d[lane, 0:2]
-        C[g + 8, 2 * t : 2 * t + 2] = d[lane, 2:4]
-    C = C + (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        d[lane, 0:2] = C[g, 2 * t : 2 * t + 2]
-        d[lane, 2:4] = C[g + 8, 2 * t : 2 * t + 2]
+    """d[32, 4] += A(16x16 from a[32,4,2]) @ B(16x8 from b0/b1[32,2]) (m16n8k16)."""
+    g, t = LANES // 4, LANES % 4
+    A = np.zeros((16, 16))
+    B = np.zeros((16, 8))
+    C = np.zeros((16, 8))
+    for e in range(2):
+        A[g, 2 * t + e] = a[:, 0, e]
+        A[g + 8, 2 * t + e] = a[:, 1, e]
+        A[g, 8 + 2 * t + e] = a[:, 2, e]
+        A[g + 8, 8 + 2 * t + e] = a[:, 3, e]
+        B[2 * t + e, g] = b0[:, e]
+        B[8 + 2 * t + e, g] = b1[:, e]
+        C[g, 2 * t + e] = d[:, e]
+        C[g + 8, 2 * t + e] = d[:, 2 + e]
+    C = (C + A @ B).astype(np.float32)
+    for e in range(2):
+        d[:, e] = C[g, 2 * t + e]
+        d[:, 2 + e] = C[g + 8, 2 * t + e]
 
 
-# ---- shared device logic (mirrors the .cu / kernels header) -----------------------------------
+def wgmma_b(smem, desc, n, trans_b):
+    """B[16, n] read by wgmma through a 128-byte-swizzle shared-memory descriptor."""
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    assert desc >> 62 == 1, "expected the 128-byte swizzle mode"
+    k = np.arange(16)[:, None]
+    nn = np.arange(n)[None, :]
+    if not trans_b:  # K-major ((8,n),(8 elem, 2)):((128 B, SBO),(2 B, 16 B))
+        addr = start + (nn // 8) * sbo + (nn % 8) * 128 + (k // 8) * 16 + (k % 8) * 2
+    else:  # MN-major ((8 elem, 8, m),(8, k)):((2 B, 16 B, LBO),(128 B, SBO))
+        addr = start + (nn // 64) * lbo + ((nn % 64) // 8) * 16 + (nn % 8) * 2
+        addr = addr + (k % 8) * 128 + (k // 8) * sbo
+    addr = addr ^ (((addr >> 7) & 7) << 4)
+    return smem[addr // 2]
+
+
+def wgmma(d, a, b, scale_d):
+    """One warpgroup: d[4 warps, 32, n/8, 4] (=)+= A[64, 16] (a[4, 32, 4, 2]) @ b[16, n]."""
+    n = b.shape[1]
+    g, t = LANES // 4, LANES % 4
+    A = np.zeros((64, 16))
+    C = np.zeros((64, n))
+    for w in range(4):
+        row = 16 * w + g
+        for e in range(2):  # ALayout_64x16: values (v0, v1 -> row + 8, v2 -> k + 8)
+            A[row, 2 * t + e] = a[w, :, 0, e]
+            A[row + 8, 2 * t + e] = a[w, :, 1, e]
+            A[row, 8 + 2 * t + e] = a[w, :, 2, e]
+            A[row + 8, 8 + 2 * t + e] = a[w, :, 3, e]
+        for j in range(n // 8):  # CLayout_64xN
+            for e in range(2):
+                C[row, 8 * j + 2 * t + e] = d[w, :, j, e]
+                C[row + 8, 8 * j + 2 * t + e] = d[w, :, j, 2 + e]
+    C = ((C if scale_d else 0.0) + A @ b.astype(np.float64)).astype(np.float32)
+    for w in range(4):
+        row = 16 * w + g
+        for j in range(n // 8):
+            for e in range(2):
+                d[w, :, j, e] = C[row, 8 * j + 2 * t + e]
+                d[w, :, j, 2 + e] = C[row + 8, 8 * j + 2 * t + e]
+
+
+def wgmma_desc(addr, lbo, sbo):
+    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
+
+
+# ---- shared device logic (mirrors paged_attention_device.cuh) ----------------------------------
 
 
 def attn_row_key_lo(kv_len, q_len, i, window_left):
@@ -94,7 +155,7 @@ def attn_row_key_lo(kv_len, q_len, i, window_left):
     return max(0, kv_len - q_len + i - window_left)
 
 
-def tile_keys(kv_len, q_len, p0, p1, group, window_left, cap):
+def tile_keys(kv_len, q_len, p0, p1, group, window_left, cap, block_n):
     i_first, i_last = p0 // group, (p1 - 1) // group
     hi_max = min(kv_len - q_len + i_last, cap - 1)
     min_hi = min(kv_len - q_len + i_first, cap - 1)
@@ -103,8 +164,8 @@ def tile_keys(kv_len, q_len, p0, p1, group, window_left, cap):
     if hi_max < lo_min:
         kt0, ntk = 0, 0
     else:
-        kt0 = lo_min // BLOCK_N
-        ntk = hi_max // BLOCK_N - kt0 + 1
+        kt0 = lo_min // block_n
+        ntk = hi_max // block_n - kt0 + 1
     return dict(lo_min=lo_min, hi_max=hi_max, kt0=kt0, ntk=ntk, min_hi=min_hi, max_lo=max_lo)
 
 
@@ -117,25 +178,83 @@ def split_count(ntk, max_splits, fixed):
     return -(-ntk // per)
 
 
-def plan(b, hq, hkv, max_query_len, num_splits, num_sms=132, per_sm=2):
+def kernel_cfg(d, block_m, wg, block_n):
+    """AttnCfg of the .cu."""
+    warps = block_m // 16 if wg else (4 if (d == 64 and block_m == 128) else block_m // 16)
+    mt = block_m // (16 * warps)
+    threads = warps * 32
+    min_blocks = 1 if (block_m == 128 and d == 128) else 2
+    chunks = d // 8
+    q_bytes = block_m * d * 2
+    tile_bytes = block_n * d * 2
+    budget = (112 if min_blocks == 2 else 224) * 1024
+    stages = min(6, (budget - q_bytes) // (2 * tile_bytes))
+    rows_per_pass = threads // chunks
+    return dict(warps=warps, mt=mt, threads=threads, chunks=chunks, q_bytes=q_bytes,
+                tile_bytes=tile_bytes, stages=stages, rpp=rows_per_pass,
+                passes=block_n // rows_per_pass, min_blocks=min_blocks)  # fmt: skip
+
+
+def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90, num_sms=132):
     group = hq // hkv
-    packed = group * max(1, max_query_len)
     block_m = 64 if group <= 4 else 128
+    wg = arch == 90 and group >= 4
+    if "wgmma" in impl:
+        wg = arch == 90
+    elif "mma" in impl:
+        wg = False
+    block_n = 32 if ("n32" in impl and d == 128 and block_m == 64) else 64
+    packed = group * max(1, max_query_len)
     q_tiles = -(-packed // block_m)
-    q_tile_ctas = min(q_tiles, 65535 // hkv)
+    limit = 2**31 - 1 - 64
+    reqs_heads = max(1, b * hkv)
+    max_q_ctas = max(1, limit // (reqs_heads * (num_splits if num_splits > 0 else 1)))
+    q_tile_ctas = min(q_tiles, max_q_ctas)
+    per_sm = kernel_cfg(d, block_m, wg, block_n)["min_blocks"]  # the occupancy the .cu queries
     if num_splits > 0:
         max_splits = num_splits
     else:
         base = b * hkv * q_tile_ctas
-        max_splits = max(1, min(64, (num_sms * per_sm) // base if base else 1))
-    return block_m, q_tile_ctas, max_splits
+        s = (num_sms * per_sm) // base if base else 1
+        s = min(s, limit // (reqs_heads * q_tile_ctas))
+        max_splits = max(1, min(MAX_AUTO_SPLITS, s))
+    inert = min(8, max(1, t_total))
+    return dict(block_m=block_m, block_n=block_n, wg=wg, q_tile_ctas=q_tile_ctas,
+                max_splits=max_splits, inert=inert,
+                grid=inert + b * hkv * q_tile_ctas * max_splits)  # fmt: skip
 
 
 # ---- the kernel --------------------------------------------------------------------------------
 
 
-def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num_splits=0, **kw):
-    q = pb["query"].float().numpy()
+class Smem:
+    """Shared memory (fp32 per b16 element, NaN-poisoned) with cp.async groups."""
+
+    def __init__(self, nbytes, land_at_issue):
+        self.a = np.full(nbytes // 2, np.nan, dtype=np.float32)
+        self.land_at_issue = land_at_issue
+        self.pending = []  # committed groups: lists of (dst element, values)
+        self.open = []
+
+    def cp_async(self, dst_byte, values):
+        if self.land_at_issue:
+            self.a[dst_byte // 2 : dst_byte // 2 + 8] = values
+        else:
+            self.open.append((dst_byte // 2, values.copy()))
+
+    def commit(self):
+        self.pending.append(self.open)
+        self.open = []
+
+    def wait(self, n):
+        while len(self.pending) > n:
+            for dst, v in self.pending.pop(0):
+                self.a[dst : dst + 8] = v
+
+
+def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num_splits=0,
+            impl="auto", land_at_issue=True, **kw):  # fmt: skip
+    q = bf16_round(pb["query"].float().numpy())
     kc = pb["key_cache"].float().numpy()
     vc = pb["value_cache"].float().numpy()
     table = pb["block_table"].numpy()
@@ -147,244 +266,295 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     group = hq // hkv
     cap = table.shape[1] * bs
     hint = t_total if max_query_len < 0 or max_query_len > t_total else max_query_len
-    block_m, q_tile_ctas, max_splits = plan(b, hq, hkv, hint, num_splits, **kw)
+    pl = plan(b, hq, hkv, d, t_total, hint, num_splits, impl=impl, **kw)
+    block_m, block_n, wg = pl["block_m"], pl["block_n"], pl["wg"]
+    q_tile_ctas, max_splits = pl["q_tile_ctas"], pl["max_splits"]
+    cfg = kernel_cfg(d, block_m, wg, block_n)
+    stages, passes, rpp, chunks, threads = (
+        cfg["stages"], cfg["passes"], cfg["rpp"], cfg["chunks"], cfg["threads"]
+    )  # fmt: skip
+    kmt = cfg["mt"]
+    q_bytes, tile_bytes = cfg["q_bytes"], cfg["tile_bytes"]
+    stage_bytes = 2 * tile_bytes
     out = np.full((t_total, hq, d), np.nan, dtype=np.float32)
     lse = np.full((t_total, hq), np.nan, dtype=np.float32)
     ws_out = np.full((max_splits, t_total, hq, d), np.nan, dtype=np.float32)
     ws_lse = np.full((max_splits, t_total, hq), np.nan, dtype=np.float32)
-    scale_log2 = np.float32(softmax_scale * LOG2E)
-    warps = block_m // 16
-    q_bytes = block_m * d * 2
-    tile_bytes = BLOCK_N * d * 2
+    sl = max(f32(abs(softmax_scale) * LOG2E), FLT_MIN)
+    q_sign = -1.0 if softmax_scale < 0 else 1.0
+    heads_tiles = hkv * q_tile_ctas
+    table_reads = set()
 
     def request(r):
         qs = min(max(int(qsl[r]), 0), t_total)
         qe = min(max(int(qsl[r + 1]), qs), t_total)
         return qs, qe - qs, max(int(seq[r]), 0)
 
-    # inert rows (block x == B)
+    # inert rows (the last pl["inert"] CTAs)
     lo = min(max(int(qsl[0]), 0), t_total) if b else 0
     hi = min(max(int(qsl[b]), lo), t_total) if b else 0
     for t in list(range(0, lo)) + list(range(hi, t_total)):
         out[t] = 0
         lse[t] = NEG_INF
 
-    for r in range(b):
+    tids = np.arange(threads)
+    kv_chunk, kv_row0 = tids % chunks, tids // chunks
+
+    for cta in range(pl["grid"] - pl["inert"]):
+        ht = cta % heads_tiles
+        rest = cta // heads_tiles
+        split = rest % max_splits
+        r = rest // max_splits
+        g = ht % hkv
+        q_cta = ht // hkv
         q_start, q_len, kv_len = request(r)
         if q_len == 0:
             continue
         packed_total = q_len * group
         n_qtiles = -(-packed_total // block_m)
-        for g in range(hkv):
-            for q_cta in range(q_tile_ctas):
-                for split in range(max_splits):
-                    for q_iter in range(q_cta, n_qtiles, q_tile_ctas):
-                        qt = n_qtiles - 1 - q_iter  # heaviest tile first
-                        p0 = qt * block_m
-                        p1 = min(p0 + block_m, packed_total)
-                        tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap)
-                        n_split = split_count(tk["ntk"], max_splits, num_splits)
-                        if split >= n_split:
-                            continue
-                        per = -(-tk["ntk"] // n_split)
-                        kt_begin = tk["kt0"] + split * per
-                        n_tiles = max(0, min(tk["kt0"] + tk["ntk"], kt_begin + per) - kt_begin)
-                        smem = np.full((q_bytes + 2 * STAGES * tile_bytes) // 2, np.nan, np.float32)
-                        s_k = q_bytes
-                        s_v = s_k + STAGES * tile_bytes
-                        # Q tile (cp.async, zero fill past p1)
-                        for m in range(block_m):
-                            for ch in range(d // 8):
-                                pp = p0 + m
-                                dst = swizzle(d, m, ch) // 2
-                                if pp < p1:
-                                    t = q_start + pp // group
-                                    h = g * group + pp % group
-                                    smem[dst : dst + 8] = q[t, h, ch * 8 : ch * 8 + 8]
-                                else:
-                                    smem[dst : dst + 8] = 0
+        for q_iter in range(q_cta, n_qtiles, q_tile_ctas):
+            qt = n_qtiles - 1 - q_iter
+            p0 = qt * block_m
+            p1 = min(p0 + block_m, packed_total)
+            tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap, block_n)
+            n_split = split_count(tk["ntk"], max_splits, num_splits)
+            if split >= n_split:
+                continue
+            per = -(-tk["ntk"] // n_split)
+            kt_begin = tk["kt0"] + split * per
+            n_tiles = max(0, min(tk["kt0"] + tk["ntk"], kt_begin + per) - kt_begin)
 
-                        def load_kv(kt, stage):
-                            for row in range(BLOCK_N):
-                                key = kt * BLOCK_N + row
-                                ok = tk["lo_min"] <= key <= tk["hi_max"]
-                                blk = int(table[r, key // bs]) if ok else -1
-                                ok = 0 <= blk < num_blocks
-                                for ch in range(d // 8):
-                                    dst = (stage * tile_bytes + swizzle(d, row, ch)) // 2
-                                    for base, cache in ((s_k, kc), (s_v, vc)):
-                                        o = base // 2 + dst
-                                        if ok:
-                                            smem[o : o + 8] = cache[
-                                                blk, key % bs, g, ch * 8 : ch * 8 + 8
-                                            ]
-                                        else:
-                                            smem[o : o + 8] = 0
+            def fetch_blocks(kt, valid):
+                blk = np.full((threads, passes), -1, dtype=np.int64)
+                if not valid:
+                    return blk
+                for j in range(passes):
+                    key = kt * block_n + kv_row0 + j * rpp
+                    ok = (key >= tk["lo_min"]) & (key <= tk["hi_max"])
+                    for tid in np.nonzero(ok)[0]:
+                        col = int(key[tid]) >> (bs.bit_length() - 1)
+                        table_reads.add((r, col))
+                        blk[tid, j] = int(table[r, col])
+                return blk
 
-                        for st in range(STAGES - 1):
-                            if st < n_tiles:
-                                load_kv(kt_begin + st, st)
-                        for warp in range(warps):
-                            warp_active = p0 + warp * 16 < p1
-                            rows_lo = np.zeros((32, 2), np.int64)
-                            rows_hi = np.zeros((32, 2), np.int64)
-                            for lane in range(32):
-                                for half in range(2):
-                                    pp = p0 + warp * 16 + lane // 4 + half * 8
-                                    i = pp // group
-                                    rows_hi[lane, half] = (
-                                        min(kv_len - q_len + i, cap - 1) if pp < p1 else -1
-                                    )
-                                    rows_lo[lane, half] = attn_row_key_lo(
-                                        kv_len, q_len, i, window_left
-                                    )
-                            warp_state = dict(
-                                active=warp_active,
-                                lo=rows_lo,
-                                hi=rows_hi,
-                                o=np.zeros((d // 8, 32, 4), np.float32),
-                                m=np.full((32, 2), NEG_INF, np.float32),
-                                l=np.zeros((32, 2), np.float32),
-                            )
-                            if warp_active:
-                                qa = []
-                                for kk in range(d // 16):
-                                    addrs = [
-                                        (warp * 16 + (lane & 15)) * d * 2
-                                        + (((kk * 2 + (lane >> 4)) ^ (lane & 7)) << 4)
-                                        for lane in range(32)
-                                    ]
-                                    qa.append(ldmatrix_x4(smem, addrs))
-                                warp_state["qa"] = qa
-                            if warp == 0:
-                                states = []
-                            states.append(warp_state)
-                        for it in range(n_tiles):
-                            nt = it + STAGES - 1
-                            if nt < n_tiles:
-                                load_kv(kt_begin + nt, nt % STAGES)
-                            stage = it % STAGES
-                            sk = s_k + stage * tile_bytes
-                            sv = s_v + stage * tile_bytes
-                            key0 = (kt_begin + it) * BLOCK_N
-                            need_mask = key0 < tk["max_lo"] or key0 + BLOCK_N - 1 > tk["min_hi"]
-                            for ws in states:
-                                if not ws["active"]:
-                                    continue
-                                s = np.zeros((BLOCK_N // 8, 32, 4), np.float32)
-                                for kk in range(d // 16):
-                                    for j in range(0, BLOCK_N // 8, 2):
-                                        addrs = [
-                                            sk
-                                            + (((lane >> 4) << 3) + (lane & 7)) * d * 2
-                                            + j * 8 * d * 2
-                                            + (((kk * 2 + ((lane >> 3) & 1)) ^ (lane & 7)) << 4)
-                                            for lane in range(32)
-                                        ]
-                                        bfr = ldmatrix_x4(smem, addrs)
-                                        mma(s[j], ws["qa"][kk], bfr[:, 0], bfr[:, 1])
-                                        mma(s[j + 1], ws["qa"][kk], bfr[:, 2], bfr[:, 3])
-                                s *= scale_log2
-                                if need_mask:
-                                    for j in range(BLOCK_N // 8):
-                                        for lane in range(32):
-                                            for e in range(4):
-                                                key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1)
-                                                half = e >> 1
-                                                if (
-                                                    key < ws["lo"][lane, half]
-                                                    or key > ws["hi"][lane, half]
-                                                ):
-                                                    s[j, lane, e] = NEG_INF
-                                for half in range(2):
-                                    cols = [2 * half, 2 * half + 1]
-                                    mx = s[:, :, cols].max(axis=(0, 2))  # per lane
-                                    mx = np.array(
-                                        [
-                                            mx[(ln // 4) * 4 : (ln // 4) * 4 + 4].max()
-                                            for ln in range(32)
-                                        ]
-                                    )
-                                    m_new = np.maximum(ws["m"][:, half], mx)
-                                    m_use = np.where(m_new == NEG_INF, 0, m_new).astype(np.float32)
-                                    alpha = np.exp2(ws["m"][:, half] - m_use)
-                                    ws["m"][:, half] = m_new
-                                    pvals = np.exp2(s[:, :, cols] - m_use[None, :, None])
-                                    s[:, :, cols] = pvals
-                                    ws["l"][:, half] = ws["l"][:, half] * alpha + pvals.sum(
-                                        axis=(0, 2)
-                                    )
-                                    ws["o"][:, :, cols] *= alpha[None, :, None]
-                                for kk in range(BLOCK_N // 16):
-                                    pa = np.zeros((32, 4, 2), np.float32)
-                                    pa[:, 0] = bf16_round(s[2 * kk][:, 0:2])
-                                    pa[:, 1] = bf16_round(s[2 * kk][:, 2:4])
-                                    pa[:, 2] = bf16_round(s[2 * kk + 1][:, 0:2])
-                                    pa[:, 3] = bf16_round(s[2 * kk + 1][:, 2:4])
-                                    for c in range(0, d // 8, 2):
-                                        addrs = [
-                                            sv
-                                            + ((lane & 7) + (((lane >> 3) & 1) << 3)) * d * 2
-                                            + kk * 16 * d * 2
-                                            + (((c + (lane >> 4)) ^ (lane & 7)) << 4)
-                                            for lane in range(32)
-                                        ]
-                                        bfr = ldmatrix_x4(smem, addrs, trans=True)
-                                        mma(ws["o"][c], pa, bfr[:, 0], bfr[:, 1])
-                                        mma(ws["o"][c + 1], pa, bfr[:, 2], bfr[:, 3])
-                        # epilogue
-                        for warp, ws in enumerate(states):
-                            if not ws["active"]:
+            def issue_kv(kt, blk, stage):
+                for tid in range(threads):
+                    ch = kv_chunk[tid]
+                    for j in range(passes):
+                        key = kt * block_n + kv_row0[tid] + j * rpp
+                        bid = int(blk[tid, j])
+                        ok = 0 <= bid < num_blocks
+                        dst = q_bytes + stage * stage_bytes + tile_offset(block_n, kv_row0[tid], ch)
+                        dst += j * rpp * 128
+                        for base, cache in ((0, kc), (tile_bytes, vc)):
+                            if ok:
+                                vals = cache[bid, key % bs, g, ch * 8 : ch * 8 + 8]
+                            else:
+                                vals = np.zeros(8, np.float32)
+                            sm.cp_async(dst + base, vals)
+
+            # per m16 tile u = warp * kmt + mt: row bounds, accumulators
+            n16 = block_m // 16
+            row_lo = np.zeros((n16, 32, 2), np.int64)
+            row_hi = np.zeros((n16, 32, 2), np.int64)
+            active = np.zeros(n16, bool)
+            for u in range(n16):
+                m0 = p0 + u * 16
+                active[u] = m0 < p1
+                for half in range(2):
+                    pp = m0 + LANES // 4 + half * 8
+                    i = pp // group
+                    row_hi[u, :, half] = np.where(
+                        pp < p1, np.minimum(kv_len - q_len + i, cap - 1), -1
+                    )
+                    row_lo[u, :, half] = [attn_row_key_lo(kv_len, q_len, x, window_left) for x in i]
+            o = np.zeros((n16, 32, d // 8, 4), np.float32)
+            row_m = np.full((n16, 32, 2), NEG_INF, np.float32)
+            row_l = np.zeros((n16, 32, 2), np.float32)
+
+            if n_tiles > 0:
+                sm = Smem(q_bytes + stages * stage_bytes, land_at_issue)
+                blks = [fetch_blocks(kt_begin + st, st < n_tiles) for st in range(stages)]
+                for m in range(block_m):
+                    for ch in range(chunks):
+                        pp = p0 + m
+                        if pp < p1:
+                            t = q_start + pp // group
+                            h = g * group + pp % group
+                            vals = q[t, h, ch * 8 : ch * 8 + 8]
+                        else:
+                            vals = np.zeros(8, np.float32)
+                        sm.cp_async(tile_offset(block_m, m, ch), vals)
+                for st in range(stages - 1):
+                    if st < n_tiles:
+                        issue_kv(kt_begin + st, blks[st], st)
+                    sm.commit()
+                nblk = blks[stages - 1]
+                sm.wait(stages - 2)
+                qa = np.zeros((n16, d // 16, 32, 4, 2), np.float32)
+                for u in range(n16):
+                    if not wg and not active[u]:
+                        continue
+                    for kk in range(d // 16):
+                        addrs = [
+                            tile_offset(block_m, u * 16 + (ln & 15), kk * 2 + (ln >> 4))
+                            for ln in range(32)
+                        ]
+                        qa[u, kk] = ldmatrix_x4(sm.a, addrs) * q_sign
+                read_stage, write_stage = 0, stages - 1
+                for it in range(n_tiles):
+                    sm.wait(stages - 2)
+                    nt = it + stages - 1
+                    if nt < n_tiles:
+                        issue_kv(kt_begin + nt, nblk, write_stage)
+                    sm.commit()
+                    nblk = fetch_blocks(kt_begin + nt + 1, nt + 1 < n_tiles)
+                    write_stage = (write_stage + 1) % stages
+                    sk = q_bytes + read_stage * stage_bytes
+                    sv = sk + tile_bytes
+                    read_stage = (read_stage + 1) % stages
+                    key0 = (kt_begin + it) * block_n
+                    s = np.zeros((n16, 32, block_n // 8, 4), np.float32)
+                    if wg:
+                        for w0 in range(0, n16, 4):  # warpgroups
+                            acc = s[w0 : w0 + 4]
+                            for kk in range(d // 16):
+                                addr = sk + (kk >> 2) * (block_n * 128) + (kk & 3) * 32
+                                bmat = wgmma_b(sm.a, wgmma_desc(addr, 16, 1024), block_n, False)
+                                wgmma(acc, qa[w0 : w0 + 4, kk], bmat, kk > 0)
+                            s[w0 : w0 + 4] = acc
+                    else:
+                        for u in range(n16):
+                            if not active[u]:
                                 continue
-                            for half in range(2):
-                                lq = ws["l"][:, half]
-                                lsum = np.array(
-                                    [
-                                        lq[(ln // 4) * 4 : (ln // 4) * 4 + 4].sum()
-                                        for ln in range(32)
-                                    ]
+                            for kk in range(d // 16):
+                                for j in range(0, block_n // 8, 2):
+                                    addrs = []
+                                    for ln in range(32):
+                                        ch = kk * 2 + ((ln >> 3) & 1)
+                                        k_row = ((ln >> 4) << 3) + (ln & 7) + j * 8
+                                        addrs.append(sk + tile_offset(block_n, k_row, ch))
+                                    bfr = ldmatrix_x4(sm.a, addrs)
+                                    mma(s[u, :, j], qa[u, kk], bfr[:, 0], bfr[:, 1])
+                                    mma(s[u, :, j + 1], qa[u, kk], bfr[:, 2], bfr[:, 3])
+                    if key0 < tk["max_lo"] or key0 + block_n - 1 > tk["min_hi"]:
+                        for j in range(block_n // 8):
+                            for e in range(4):
+                                key = key0 + j * 8 + ((LANES & 3) << 1) + (e & 1)
+                                lo_, hi_ = row_lo[:, :, e >> 1], row_hi[:, :, e >> 1]
+                                s[:, :, j, e] = np.where(
+                                    (key[None] < lo_) | (key[None] > hi_), NEG_INF, s[:, :, j, e]
                                 )
-                                for lane in range(32):
-                                    pp = p0 + warp * 16 + (lane >> 2) + half * 8
-                                    if pp >= p1:
+                    alpha = np.ones((n16, 32, 2), np.float32)
+                    changed = np.zeros(n16 // kmt, bool)  # per warp
+                    for u in range(n16):
+                        if not active[u]:
+                            continue
+                        for half in range(2):
+                            mx = s[u, :, :, 2 * half : 2 * half + 2].max(axis=(1, 2))
+                            mx = np.maximum(mx, mx[LANES ^ 1])
+                            mx = np.maximum(mx, mx[LANES ^ 2])
+                            m_old = row_m[u, :, half]
+                            with np.errstate(invalid="ignore"):
+                                m_new = np.maximum(m_old, (mx * sl).astype(np.float32))
+                            m_use = np.where(m_new == NEG_INF, 0, m_new).astype(np.float32)
+                            ch_ = m_new != m_old
+                            alpha[u, :, half] = np.where(ch_, np.exp2(m_old - m_use), 1.0)
+                            if ch_.any():
+                                changed[u // kmt] = True
+                            row_m[u, :, half] = m_new
+                            vals = s[u, :, :, 2 * half : 2 * half + 2].astype(np.float64)
+                            p_ = np.exp2(vals * sl - m_use[:, None, None]).astype(np.float32)
+                            s[u, :, :, 2 * half : 2 * half + 2] = p_
+                            row_l[u, :, half] = row_l[u, :, half] * alpha[u, :, half] + p_.sum(
+                                axis=(1, 2)
+                            )
+                    for u in range(n16):
+                        if changed[u // kmt]:
+                            o[u] *= alpha[u][:, None, [0, 0, 1, 1]]
+                    if wg:
+                        for w0 in range(0, n16, 4):
+                            acc = o[w0 : w0 + 4]
+                            for kk in range(block_n // 16):
+                                pa = np.zeros((4, 32, 4, 2), np.float32)
+                                for w in range(4):
+                                    if not active[w0 + w]:
                                         continue
-                                    t = q_start + pp // group
-                                    h = g * group + pp % group
-                                    m = ws["m"][lane, half]
-                                    l_ = lsum[lane]
-                                    dcol = (lane & 3) << 1
-                                    vals = ws["o"][:, lane, 2 * half : 2 * half + 2]  # [d/8, 2]
-                                    if n_split == 1:
-                                        o_scale, lv = 0.0, NEG_INF
-                                        if sinks is not None:
-                                            sink = sinks[h] * LOG2E
-                                            if l_ > 0:
-                                                mm = max(m, sink)
-                                                w = 2.0 ** (m - mm)
-                                                l_tot = l_ * w + 2.0 ** (sink - mm)
-                                                o_scale = w / l_tot
-                                                lv = (mm + math.log2(l_tot)) * LN2
-                                            else:
-                                                lv = sinks[h]
-                                        elif l_ > 0:
-                                            o_scale = 1.0 / l_
-                                            lv = (m + math.log2(l_)) * LN2
-                                        for c in range(d // 8):
-                                            out[t, h, c * 8 + dcol : c * 8 + dcol + 2] = bf16_round(
-                                                vals[c] * o_scale
-                                            )
-                                        if lane & 3 == 0:
-                                            lse[t, h] = lv
-                                    else:
-                                        inv = 1.0 / l_ if l_ > 0 else 0.0
-                                        for c in range(d // 8):
-                                            ws_out[split, t, h, c * 8 + dcol : c * 8 + dcol + 2] = (
-                                                vals[c] * inv
-                                            )
-                                        if lane & 3 == 0:
-                                            ws_lse[split, t, h] = (
-                                                m + math.log2(l_) if l_ > 0 else NEG_INF
-                                            )
+                                    pv = s[w0 + w]
+                                    pa[w, :, 0] = bf16_round(pv[:, 2 * kk, 0:2])
+                                    pa[w, :, 1] = bf16_round(pv[:, 2 * kk, 2:4])
+                                    pa[w, :, 2] = bf16_round(pv[:, 2 * kk + 1, 0:2])
+                                    pa[w, :, 3] = bf16_round(pv[:, 2 * kk + 1, 2:4])
+                                bmat = wgmma_b(
+                                    sm.a, wgmma_desc(sv + kk * 16 * 128, block_n * 128, 1024),
+                                    d, True,
+                                )  # fmt: skip
+                                wgmma(acc, pa, bmat, True)
+                            o[w0 : w0 + 4] = acc
+                    else:
+                        for u in range(n16):
+                            if not active[u]:
+                                continue
+                            for kk in range(block_n // 16):
+                                pa = np.zeros((32, 4, 2), np.float32)
+                                pa[:, 0] = bf16_round(s[u, :, 2 * kk, 0:2])
+                                pa[:, 1] = bf16_round(s[u, :, 2 * kk, 2:4])
+                                pa[:, 2] = bf16_round(s[u, :, 2 * kk + 1, 0:2])
+                                pa[:, 3] = bf16_round(s[u, :, 2 * kk + 1, 2:4])
+                                for c in range(0, d // 8, 2):
+                                    addrs = []
+                                    for ln in range(32):
+                                        ch = c + (ln >> 4)
+                                        v_row = (ln & 7) + (((ln >> 3) & 1) << 3) + kk * 16
+                                        addrs.append(sv + tile_offset(block_n, v_row, ch))
+                                    bfr = ldmatrix_x4(sm.a, addrs, trans=True)
+                                    mma(o[u, :, c], pa, bfr[:, 0], bfr[:, 1])
+                                    mma(o[u, :, c + 1], pa, bfr[:, 2], bfr[:, 3])
+            # epilogue
+            for u in range(n16):
+                if not active[u]:
+                    continue
+                for half in range(2):
+                    lq = row_l[u, :, half]
+                    lq = lq + lq[LANES ^ 1]
+                    lq = lq + lq[LANES ^ 2]
+                    for lane in range(32):
+                        pp = p0 + u * 16 + (lane >> 2) + half * 8
+                        if pp >= p1:
+                            continue
+                        t = q_start + pp // group
+                        h = g * group + pp % group
+                        m = float(row_m[u, lane, half])
+                        l_ = float(lq[lane])
+                        dcol = (lane & 3) << 1
+                        vals = o[u, lane, :, 2 * half : 2 * half + 2]  # [d/8, 2]
+                        if n_split == 1:
+                            o_scale, lv = 0.0, NEG_INF
+                            if sinks is not None:
+                                sink = sinks[h] * LOG2E
+                                if l_ > 0:
+                                    mm = max(m, sink)
+                                    w = 2.0 ** (m - mm)
+                                    l_tot = l_ * w + 2.0 ** (sink - mm)
+                                    o_scale = w / l_tot
+                                    lv = (mm + math.log2(l_tot)) * LN2
+                                else:
+                                    lv = sinks[h]
+                            elif l_ > 0:
+                                o_scale = 1.0 / l_
+                                lv = (m + math.log2(l_)) * LN2
+                            for c in range(d // 8):
+                                out[t, h, c * 8 + dcol : c * 8 + dcol + 2] = bf16_round(
+                                    vals[c] * o_scale
+                                )
+                            if lane & 3 == 0:
+                                lse[t, h] = lv
+                        else:
+                            inv = 1.0 / l_ if l_ > 0 else 0.0
+                            for c in range(d // 8):
+                                ws_out[split, t, h, c * 8 + dcol : c * 8 + dcol + 2] = vals[c] * inv
+                            if lane & 3 == 0:
+                                ws_lse[split, t, h] = m + math.log2(l_) if l_ > 0 else NEG_INF
     # merge kernel
     if max_splits > 1:
         for t in range(t_total):
@@ -401,7 +571,7 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
                 pp = (t - q_start) * group + (h - g * group)
                 p0 = pp // block_m * block_m
                 p1 = min(p0 + block_m, q_len * group)
-                tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap)
+                tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap, block_n)
                 n_split = split_count(tk["ntk"], max_splits, num_splits)
                 if n_split <= 1:
                     continue
@@ -420,24 +590,35 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
                     acc += w * ws_out[s, t, h]
                 out[t, h] = bf16_round(acc / l_)
                 lse[t, h] = (mx + math.log2(l_)) * LN2
-    return out, lse, (block_m, q_tile_ctas, max_splits)
+    # block-table columns each request may read (SPEC §5): those of keys its rows can see
+    for r, col in table_reads:
+        q_start, q_len, kv_len = request(r)
+        assert q_len > 0 and kv_len > 0, f"read block_table[{r}, {col}] of an empty request"
+        hi_key = min(kv_len - 1, cap - 1)
+        lo_key = attn_row_key_lo(kv_len, q_len, 0, window_left)
+        assert lo_key // bs <= col <= hi_key // bs, f"read block_table[{r}, {col}] out of range"
+    return out, lse, pl
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_paged_attention import make_problem
 
     gen = torch.Generator().manual_seed(1)
     cases = [
         # (q_lens, kv_lens, hq, hkv, d, bs, kwargs)
         ([14, 1, 5, 0], [150, 37, 3, 9], 8, 2, 64, 16, {"max_query_len": 14}),
-        ([14, 3], [300, 40], 8, 1, 64, 8, {"max_query_len": 14, "num_splits": 3}),
-        ([6, 2], [200, 5], 4, 2, 128, 32, {"max_query_len": 2, "window_left": 70}),
+        ([14, 3], [300, 40], 16, 2, 64, 8, {"max_query_len": 14, "num_splits": 3}),
+        ([14, 3], [300, 40], 16, 2, 64, 8, {"max_query_len": 14, "impl": "mma"}),
+        ([6, 2], [200, 5], 16, 4, 128, 32, {"max_query_len": 2, "window_left": 70}),
+        ([6, 2], [200, 5], 16, 4, 128, 32, {"window_left": 70, "impl": "wgmma-n32"}),
+        ([14], [400], 16, 4, 128, 16, {"max_query_len": 14, "impl": "mma-n32", "num_sms": 2}),
         ([4, 9], [2, 130], 4, 4, 64, 16, {"num_splits": 2, "sinks": True}),
+        ([4, 9], [2, 130], 16, 4, 64, 16, {"num_splits": 2, "sinks": True, "scale": -0.2}),
         ([40], [300], 16, 2, 64, 16, {"max_query_len": 40, "num_splits": 2, "window_left": 100}),
         ([3], [700], 16, 2, 64, 128, {"max_query_len": 3, "num_sms": 4}),
         ([40, 2], [90, 260], 8, 1, 64, 16, {"max_query_len": 1, "sinks": True}),  # q-tile loop
-        ([30], [250], 6, 2, 64, 16, {"max_query_len": 30, "num_splits": 2}),  # G=3 cuts rows
+        ([30], [250], 12, 2, 64, 16, {"max_query_len": 30, "num_splits": 2}),  # G=6 cuts rows
+        ([14, 2], [90, 40], 8, 1, 128, 16, {"max_query_len": 14, "scale": 0.0}),  # 128x128
     ]
     for q_lens, kv_lens, hq, hkv, d, bs, kw in cases:
         pb = make_problem(gen, q_lens, kv_lens, hq, hkv, d, bs, torch.bfloat16, "cpu", t_pad=2)
@@ -445,22 +626,25 @@ def main() -> None:
         sinks = None
         if kw.pop("sinks", False):
             sinks = (torch.randn(hq, generator=gen) * 2).numpy()
-        scale = 1 / math.sqrt(d)
+        scale = kw.pop("scale", 1 / math.sqrt(d))
         pbd = {k: getattr(pb, k) for k in pb.__dataclass_fields__}
-        out, lse, cfg = emulate(pbd, scale, sinks=sinks, **kw)
         ref, ref_lse = paged_attention_ref(
             pb.query, pb.key_cache, pb.value_cache, pb.block_table, pb.query_start_loc,
             pb.seq_lens, softmax_scale=scale, window_left=kw.get("window_left", -1),
             sinks=None if sinks is None else torch.from_numpy(sinks),
         )  # fmt: skip
-        assert not np.isnan(out).any() and not np.isnan(lse).any(), "unwritten output"
-        err = np.abs(out - ref.numpy()).max()
-        fin = np.isfinite(ref_lse.numpy())
-        assert (np.isfinite(lse) == fin).all(), "lse -inf pattern"
-        lerr = np.abs(lse[fin] - ref_lse.numpy()[fin]).max() if fin.any() else 0.0
-        print(f"q={q_lens} kv={kv_lens} {hq}/{hkv}x{d} bs={bs} {kw} cfg={cfg}: "
-              f"max|out-ref|={err:.2e} max|lse-ref|={lerr:.2e}")  # fmt: skip
-        assert err < 2e-2 and lerr < 1e-3
+        for land_at_issue in (True, False):
+            out, lse, pl = emulate(pbd, scale, sinks=sinks, land_at_issue=land_at_issue, **kw)
+            assert not np.isnan(out).any() and not np.isnan(lse).any(), "unwritten output"
+            err = np.abs(out - ref.numpy()).max()
+            fin = np.isfinite(ref_lse.numpy())
+            assert (np.isfinite(lse) == fin).all(), "lse -inf pattern"
+            lerr = np.abs(lse[fin] - ref_lse.numpy()[fin]).max() if fin.any() else 0.0
+            cfg = {k: pl[k] for k in ("block_m", "block_n", "wg", "q_tile_ctas", "max_splits")}
+            print(f"q={q_lens} kv={kv_lens} {hq}/{hkv}x{d} bs={bs} scale={scale:.3g} {kw} "
+                  f"land_at_issue={land_at_issue} {cfg}: "
+                  f"max|out-ref|={err:.2e} max|lse-ref|={lerr:.2e}")  # fmt: skip
+            assert err < 2e-2 and lerr < 1e-3, "emulated kernel disagrees with the reference"
 
 
 if __name__ == "__main__":

@@ -69,10 +69,26 @@ def verify_chain_cases() -> None:
         ),  # fmt: skip
         dict(counts=[2, 5], vocab=4097, temps=1.0, draft_probs=True),
         dict(counts=[7] * 3, vocab=201088, temps=[0.0, 0.7, 1.2], dtype=torch.bfloat16),
-    ]
+        # vLLM parity inputs: given bonus ids (bonus rows never read), exponential race.
+        dict(counts=[3, 0, 5, 2], vocab=1001, temps=[0.0, 0.9, 1.1, 0.6], exp_race=True,
+             bonus_ids=True, top_k=[0, 7, 0, 30], top_p=[1.0, 0.8, 0.9, 1.0]),
+        dict(counts=[4, 6], vocab=3001, temps=0.8, draft_probs=True, exp_race=True),
+        # row_filter paths: candidates over many splits (B = 1), every element a candidate,
+        # radix fallback (flat top-p overflows the candidate buffer; top_k > 256).
+        dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, top_k=[50],
+             top_p=[0.9]),
+        dict(counts=[2, 4, 1], vocab=1000, temps=0.8, top_k=[300, 600, 999]),
+        dict(counts=[3, 5], vocab=32001, temps=1.0, scale=0.05, top_p=[0.9, 0.8]),
+        dict(counts=[2, 2], vocab=32001, temps=0.9, top_k=[400, 2000], top_p=[0.95, 1.0]),
+    ]  # fmt: skip
     for c in cases:
         kw = dict(c)
+        exp_race, bonus_ids = kw.pop("exp_race", False), kw.pop("bonus_ids", False)
         case = make_case(kw.pop("counts"), kw.pop("vocab"), g, **kw)
+        if exp_race:
+            case["exponentials"] = torch.empty(case.b, case.vocab).exponential_(generator=g)
+        if bonus_ids:
+            case["bonus_token_ids"] = torch.randint(0, case.vocab, (case.b,), generator=g).int()
         gpu = run_op(case, "cuda")
         check_invariants(gpu, case)
         cpu = run_op(case, "cpu")
@@ -83,7 +99,8 @@ def verify_chain_cases() -> None:
 def attention_cases() -> None:
     """write_kv_cache + paged_attention: padding/zero-length requests, garbage and -1 block-table
     columns, capacity overflow (keys masked on the device), windows, sinks, strided caches,
-    split-KV (automatic and fixed), prefill tiles, GQA 1/4/8, head_dim 64/128, pages 8..128.
+    split-KV (automatic and fixed), prefill tiles, GQA 1/4/8, head_dim 64/128, pages 8..128, every
+    kernel variant (PEAGLE_SANITIZE_IMPLS, default all).
     Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that memcheck sees every allocation's bounds."""
     from reference.paged_attention import paged_attention_ref
     from test_paged_attention import make_problem
@@ -117,7 +134,15 @@ def attention_cases() -> None:
         ),
         ([4, 3], [66, 20], 8, 2, 64, 16, torch.bfloat16, {"max_blocks": 4}, {}),  # over capacity
     ]
-    for q_lens, kv_lens, hq, hkv, d, bs, dtype, mk, kw in cases:
+    # Every kernel variant (PEAGLE_ATTN_IMPL, read per launch): the default on all cases, the
+    # others on the cases their paths handle differently (GQA 4/8, head_dim 128, splits).
+    impls = os.environ.get("PEAGLE_SANITIZE_IMPLS", "auto,mma,wgmma,wgmma-n32,mma-n32").split(",")
+    runs = [(impl, c) for impl in impls for c in (cases if impl == "auto" else cases[:2])]
+    for impl, (q_lens, kv_lens, hq, hkv, d, bs, dtype, mk, kw) in runs:
+        if impl == "auto":
+            os.environ.pop("PEAGLE_ATTN_IMPL", None)
+        else:
+            os.environ["PEAGLE_ATTN_IMPL"] = impl
         pb = make_problem(g, q_lens, kv_lens, hq, hkv, d, bs, dtype, "cuda", t_pad=3, **mk)
         sinks = torch.randn(hq, generator=g).cuda()
         args = (pb.query, pb.key_cache, pb.value_cache, pb.block_table, pb.query_start_loc,
@@ -129,7 +154,7 @@ def attention_cases() -> None:
             *args, window_left=kw.get("window_left", -1), sinks=sinks, key_capacity=cap
         )
         err = (out.cpu().double() - ref).abs().max().item()
-        assert err < 0.05, (q_lens, kv_lens, err)
+        assert err < 0.05, (impl, q_lens, kv_lens, err)
         fin = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse.cpu()), fin)
         assert (lse.cpu().double()[fin] - ref_lse[fin]).abs().max().item() < 1e-3
@@ -140,6 +165,7 @@ def attention_cases() -> None:
         slots[3] = pb.key_cache.shape[0] * bs + 5
         ops.write_kv_cache(k, k, pb.key_cache, pb.value_cache, slots.cuda())
         torch.cuda.synchronize()
+    os.environ.pop("PEAGLE_ATTN_IMPL", None)
 
 
 CASES = {

@@ -39,6 +39,11 @@ void check_values(const VerifyChainParams& p) {
       TORCH_CHECK(tp > 0.0f && tp <= 1.0f, "peagle: top_p[", r, "] = ", tp,
                   " must be in (0, 1] (1 = off)");
     }
+    if (p.bonus_token_ids != nullptr) {
+      const int32_t id = p.bonus_token_ids[r];
+      TORCH_CHECK(id >= 0 && id < p.vocab_size, "peagle: bonus_token_ids[", r, "] = ", id,
+                  " must be a token id in [0, V = ", p.vocab_size, ")");
+    }
   }
   TORCH_CHECK(prev == p.num_draft_tokens,
               "peagle: cu_num_draft_tokens must end at T = ", p.num_draft_tokens,
@@ -119,6 +124,23 @@ double target_prob(const RowDist& d, int32_t x, int32_t vocab) {
   return static_cast<double>(weight_of(d.s[x], d.m)) / d.z;
 }
 
+// vLLM's exponential race for the recovered token: argmax over v of residual(v) / e_row[v]
+// (float32 division) among residual(v) > 0; residual = p with `exclude` removed (no draft_probs)
+// or max(p - q, 0).
+int32_t exponential_race(const VerifyChainParams& p, const RowDist& d, const float* e_row,
+                         int32_t exclude, const float* q_row) {
+  const float zf = static_cast<float>(d.z);
+  ArgMax best = argmax_none();
+  for (int32_t v = 0; v < p.vocab_size; ++v) {
+    const float sv = d.s[v];
+    const float pv = sv >= d.tau ? weight_of(sv, d.m) / zf : 0.0f;
+    const float res = q_row != nullptr ? pv - q_row[v] : (v == exclude ? 0.0f : pv);
+    if (!(res > 0.0f)) continue;
+    argmax_push(best, res * (1.0f / e_row[v]), v);  // vLLM 0.28: prob * reciprocal(E)
+  }
+  return best.idx < 0 ? d.first_max : best.idx;
+}
+
 // Gumbel-max over the kept set of a row, optionally excluding one token (recovered token without
 // draft_probs) or using the residual max(p - q, 0) (recovered token with draft_probs).
 int32_t sample_row(const VerifyChainParams& p, const RowDist& d, int64_t seed, int64_t offset,
@@ -182,7 +204,10 @@ void verify_request(const VerifyChainParams& p, int32_t r, RowDist& d,
       }
       out[accepted] = a;
     }
-    if (!rejected) last = row_argmax(p, span.first_row + span.num_drafts);  // bonus row
+    if (!rejected) {
+      last = p.bonus_token_ids != nullptr ? p.bonus_token_ids[r]
+                                          : row_argmax(p, span.first_row + span.num_drafts);
+    }
   } else {
     const float inv_t = inverse_temperature(temp);
     const int32_t top_k = p.top_k != nullptr ? p.top_k[r] : 0;
@@ -205,11 +230,15 @@ void verify_request(const VerifyChainParams& p, int32_t r, RowDist& d,
         out[accepted] = x;
         continue;
       }
-      last = sample_row(p, d, seed, offset, kStreamRecovered, x, q_row);
+      last = p.exponentials != nullptr
+                 ? exponential_race(p, d, p.exponentials + r * p.exponentials_row_stride, x, q_row)
+                 : sample_row(p, d, seed, offset, kStreamRecovered, x, q_row);
       rejected = true;
       break;
     }
-    if (!rejected) {
+    if (!rejected && p.bonus_token_ids != nullptr) {
+      last = p.bonus_token_ids[r];
+    } else if (!rejected) {
       build_row(p, span.first_row + span.num_drafts, inv_t, top_k, top_p, d, scratch);
       last = sample_row(p, d, seed, offset, kStreamBonus, -1, nullptr);
     }
@@ -231,10 +260,13 @@ void verify_chain_cpu(const at::Tensor& target_logits, const at::Tensor& draft_t
                       const c10::optional<at::Tensor>& draft_probs,
                       const c10::optional<at::Tensor>& uniforms,
                       const c10::optional<at::Tensor>& request_mask,
-                      const c10::optional<at::Tensor>& accepted_per_position) {
+                      const c10::optional<at::Tensor>& accepted_per_position,
+                      const c10::optional<at::Tensor>& bonus_token_ids,
+                      const c10::optional<at::Tensor>& exponentials) {
   auto bound = bind_verify_chain(target_logits, draft_token_ids, cu_num_draft_tokens, temperature,
                                  seeds, offsets, output_token_ids, num_accepted, top_k, top_p,
-                                 draft_probs, uniforms, request_mask, accepted_per_position);
+                                 draft_probs, uniforms, request_mask, accepted_per_position,
+                                 bonus_token_ids, exponentials);
   const VerifyChainParams& p = bound.params;
   check_values(p);
   at::parallel_for(0, p.num_reqs, 1, [&](int64_t begin, int64_t end) {

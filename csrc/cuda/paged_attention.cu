@@ -1,208 +1,109 @@
 // CUDA paged_attention (torch-free): split-KV flash-decoding with the GQA group packed into the
 // MMA M dimension, for many query rows per request (P-EAGLE: 2K rows per request).
 //
-// Work decomposition. A CTA owns (request r, KV head g, query tile, KV split):
+// Work decomposition. A CTA owns (request r, KV head g, query tile, KV split); the 1-D grid runs
+// KV heads fastest (the CTAs of one request's KV heads read the same pages at the same time),
+// then splits, then requests:
 //   * Query tile: the request's (query row, head-in-group) pairs are packed row-major,
-//     p = i * G + hh (G = Hq / Hkv), and cut into tiles of kBlockM = 64 or 128 packed rows, one
-//     m16 slice per warp. A P-EAGLE decode request (14 rows) with G = 8 is one 128-row tile, with
-//     G = 4 one 64-row tile, so all rows and heads of a KV head share ONE pass over its pages.
-//     Longer requests (prefill) loop over tiles; the launch hint max_query_len only sizes the grid.
-//   * KV split: the tile's visible key range [lo_min, hi_max] is cut into 64-key tiles; the number
-//     of splits is decided ON THE DEVICE per (request, tile) from seq_lens (split_count), capped by
-//     a host bound computed from B, Hkv, the query-tile count and the SM count only. num_splits > 0
-//     fixes it instead. Splits write fp32 partial (o, lse) to a workspace and a merge kernel
-//     (launched with programmatic dependent launch where available) combines them; a tile with a
-//     single split writes the output directly.
-// Per CTA: Q tile -> registers (ldmatrix), K/V 64-key tiles streamed through a kStages-deep
-// cp.async ring (each page read once per KV head; keys outside [lo_min, hi_max], past the table's
-// capacity or behind an invalid block id are zero-filled and never read), S = Q K^T and O += P V
-// with mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate), online softmax in fp32 (exp2 domain).
-// Runs on sm_90a and sm_100a (mma.sync, ldmatrix, cp.async exist on both). No host sync; the grid
-// depends only on host-known sizes, so the launches are CUDA-graph capturable.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
+//     p = i * G + hh (G = Hq / Hkv), and cut into tiles of kBlockM = 64 or 128 packed rows. A
+//     P-EAGLE decode request (14 rows) with G = 8 is one 128-row tile, with G = 4 one 64-row
+//     tile, so all rows and heads of a KV head share ONE pass over its pages. Longer requests
+//     (prefill) loop over tiles; the launch hint max_query_len only sizes the grid.
+//   * KV split: the tile's visible key range [lo_min, hi_max] is cut into kBlockN-key tiles; the
+//     number of splits is decided ON THE DEVICE per (request, tile) from seq_lens (split_count),
+//     capped by a host bound computed from B, Hkv, the query-tile count and the SM count only.
+//     num_splits > 0 fixes it instead. Splits write fp32 partial (o, lse) to a workspace and a
+//     merge kernel (programmatic dependent launch) combines them; a tile with a single split
+//     writes the output directly.
+// Per CTA: Q tile -> registers (ldmatrix), K/V tiles streamed through a kStages-deep cp.async
+// ring (each page read once per KV head; the block ids of the next tile are fetched one
+// iteration ahead; keys outside [lo_min, hi_max], past the table's capacity or behind an invalid
+// block id are zero-filled and never read), S = Q K^T and O += P V on tensor cores, online
+// softmax in fp32 in the exp2 domain (one FFMA + ex2 per score; O is rescaled only when a row
+// maximum of the warp changed).
+// Two tensor-core paths share everything else (same register layouts, same shared-memory tiles):
+//   * mma.sync m16n8k16 + ldmatrix (portable: sm_90a and sm_100a);
+//   * wgmma m64nNk16 with A (Q, P) in registers and K/V read by the tensor cores from the
+//     128-byte-swizzled shared-memory tiles (sm_90a; one warpgroup per 64 packed rows).
+// PagedAttentionPlan::impl picks one from the device and the GQA group only (never from the
+// max_query_len hint), so a fixed num_splits stays bit-reproducible; PEAGLE_ATTN_IMPL overrides
+// it (see plan_paged_attention). No host sync; the grid depends only on host-known sizes, so the
+// launches are CUDA-graph capturable.
+#include <algorithm>
+#include <cfloat>
 #include <cstdlib>
-#include <limits>
+#include <cstring>
 
+#include "paged_attention_device.cuh"
+#include "paged_attention_wgmma.cuh"
 #include "peagle/kernels/paged_attention.h"
 
 namespace peagle {
 namespace {
 
-constexpr int kBlockN = 64;           // keys per KV tile
-constexpr int kStages = 3;            // cp.async ring depth (K and V tiles per stage)
-constexpr int kMinTilesPerSplit = 2;  // automatic splits keep at least this many KV tiles
-constexpr int kMaxAutoSplits = 64;    // automatic split cap
-constexpr int kMergeWarps = 4;        // merge kernel: one warp per (row, head)
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using namespace attn;  // NOLINT(build/namespaces): the kernel's own building blocks
+
+constexpr int kMergeWarps = 4;    // merge kernel: one warp per (row, head)
+constexpr int kMergeUnroll = 16;  // merge kernel: partial outputs in flight per lane
+constexpr int kImplMma = 0;       // PagedAttentionPlan::impl values
+constexpr int kImplWgmma = 1;
+constexpr int kInertCtas = 8;  // CTAs that write the rows outside every request
+constexpr int64_t kGridLimit = kPagedAttentionGridLimit;
 
 // ---------------------------------------------------------------------------------------------
-// PTX helpers
+// Kernel configuration
 // ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; zero-fills (reads nothing) when !pred.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-struct MmaOp;
-
-template <>
-struct MmaOp<__nv_bfloat16> {
-  // d += a (16x16, row) * b (16x8, col); bf16 inputs, fp32 accumulators.
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ __nv_bfloat16 zero() { return __float2bfloat16(0.f); }
-};
-
-template <>
-struct MmaOp<__half> {
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ __half zero() { return __float2half(0.f); }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Shared between the main and the merge kernel: tile key range and split count
-// ---------------------------------------------------------------------------------------------
-
-struct TileKeys {
-  int32_t lo_min;  // first key any row of the tile sees
-  int32_t hi_max;  // last key any row of the tile sees (capacity-clamped)
-  int32_t kt0;     // first 64-key tile
-  int32_t ntk;     // 64-key tiles in [lo_min, hi_max] (0: the tile sees nothing)
-  int32_t min_hi;  // last key the tile's FIRST row sees (tiles past it need the causal mask)
-  int32_t max_lo;  // first key the tile's LAST row sees (tiles before it need the window mask)
-};
-
-__device__ __forceinline__ int32_t key_capacity_i32(const PagedAttentionParams& p) {
-  const int64_t cap = attn_key_capacity(p);
-  return cap > INT32_MAX ? INT32_MAX : static_cast<int32_t>(cap);
-}
-
-// Rows of packed tile [p0, p1) are i = p0 / G .. (p1 - 1) / G of request `a`.
-__device__ __forceinline__ TileKeys tile_keys(const AttnRequest& a, int32_t p0, int32_t p1,
-                                              int32_t group, int32_t window_left, int32_t cap) {
-  TileKeys k;
-  const int32_t i_first = p0 / group, i_last = (p1 - 1) / group;
-  const int32_t hi_last = a.kv_len - a.q_len + i_last;  // <= kv_len - 1
-  const int32_t hi_first = a.kv_len - a.q_len + i_first;
-  k.hi_max = min(hi_last, cap - 1);
-  k.min_hi = min(hi_first, cap - 1);
-  k.lo_min = static_cast<int32_t>(attn_row_key_lo(a.kv_len, a.q_len, i_first, window_left));
-  k.max_lo = static_cast<int32_t>(attn_row_key_lo(a.kv_len, a.q_len, i_last, window_left));
-  if (k.hi_max < k.lo_min) {
-    k.kt0 = 0;
-    k.ntk = 0;
-  } else {
-    k.kt0 = k.lo_min / kBlockN;
-    k.ntk = k.hi_max / kBlockN - k.kt0 + 1;
-  }
-  return k;
-}
-
-// Splits of a tile with `ntk` KV tiles: fixed (num_splits > 0) or automatic (at most max_splits,
-// at least kMinTilesPerSplit tiles each), then shrunk so that no split is empty.
-__device__ __forceinline__ int32_t split_count(int32_t ntk, int32_t max_splits, int32_t fixed) {
-  if (ntk <= 1) return 1;
-  int32_t s =
-      fixed > 0 ? fixed : min(max_splits, (ntk + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
-  s = max(1, min(s, ntk));
-  const int32_t per = (ntk + s - 1) / s;
-  return (ntk + per - 1) / per;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Main kernel
-// ---------------------------------------------------------------------------------------------
-
-template <int D, int kBlockM>
+template <int D, int kBlockM, bool kWgmma, int kBlockN>
 struct AttnCfg {
-  // Warps and m16 tiles per warp: one m16 tile per warp, except head_dim 64 with 128-row tiles,
-  // where 4 warps x 2 m16 tiles reuse every K/V fragment loaded from shared memory twice (8
-  // warps x 1 would read each K/V tile from shared memory 8 times: as many bytes/clk as HBM).
-  static constexpr int kWarps = (D == 64 && kBlockM == 128) ? 4 : kBlockM / 16;
+  // Warps and m16 tiles per warp. wgmma: one warpgroup per 64 rows, each warp one m16 slice.
+  // mma.sync: one m16 tile per warp, except head_dim 64 with 128-row tiles, where 4 warps x 2
+  // m16 tiles reuse every K/V fragment loaded from shared memory twice.
+  static constexpr int kWarps =
+      kWgmma ? kBlockM / 16 : ((D == 64 && kBlockM == 128) ? 4 : kBlockM / 16);
   static constexpr int kMT = kBlockM / (16 * kWarps);
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static constexpr int kRowBytes = D * 2;
-  static constexpr int kQBytes = kBlockM * kRowBytes;
-  static constexpr int kKvTileBytes = kBlockN * kRowBytes;
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes;
-  // 2 CTAs per SM where shared memory allows it (register cap 255 at 128 threads).
+  // 2 CTAs per SM (112 KB of shared memory each) except 128 rows x head_dim 128 (1 CTA, 224 KB).
   static constexpr int kMinBlocks = (kBlockM == 128 && D == 128) ? 1 : 2;
-  static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKvTileBytes = kBlockN * D * 2;
+  static constexpr int kStageBytes = 2 * kKvTileBytes;  // K tile, then V tile
+  static constexpr int kSmemBudget = (kMinBlocks == 2 ? 112 : 224) * 1024;
+  static constexpr int kStagesFit = (kSmemBudget - kQBytes) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 6 ? kStagesFit : 6;  // cp.async ring depth
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // K/V rows copied per pass
+  static constexpr int kKvPasses = kBlockN / kRowsPerPass;
+  static constexpr int kQPasses = kBlockM * kChunks / kThreads;
+  static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
+  static_assert(kBlockN == 32 || kBlockN == 64, "");
   static_assert(kMT * 16 * kWarps == kBlockM, "");
-  static_assert((kBlockN * kChunks) % kThreads == 0 && (kBlockM * kChunks) % kThreads == 0, "");
-  // K/V copies step by a multiple of 8 rows, so a thread's swizzle phase (row & 7) is fixed.
-  static_assert((kThreads / kChunks) % 8 == 0, "");
+  static_assert(!kWgmma || (kMT == 1 && kBlockM % 64 == 0), "one warpgroup per 64 rows");
+  static_assert(kStages >= 3, "");
+  // A thread's K/V rows step by a multiple of 8, so its swizzle phase (row & 7) is fixed.
+  static_assert(kRowsPerPass % 8 == 0 && kBlockN % kRowsPerPass == 0, "");
+  static_assert((kBlockM * kChunks) % kThreads == 0, "");
+  // wgmma tiles must stay 1024-byte aligned (the kernel checks the base).
+  static_assert(kQBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "");
 };
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] bf16/fp16 tile; XOR swizzle so
-// that the 8 row addresses of an ldmatrix phase and cp.async stores hit distinct banks.
-template <int D>
-__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
-  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
-}
+// Grid decomposition and softmax constants, shared by the main and the merge kernel.
+struct AttnGrid {
+  int32_t group;        // Hq / Hkv
+  int32_t heads_tiles;  // Hkv * q_tile_ctas (fastest grid index)
+  int32_t work_ctas;    // B * heads_tiles * max_splits; the inert-row CTAs follow
+  int32_t q_tile_ctas;  // CTAs along the packed-row axis per (request, KV head)
+  int32_t max_splits;   // CTAs along the KV axis per (request, KV head, query tile)
+  int32_t block_m;      // packed rows per query tile
+  int32_t block_n;      // keys per KV tile
+  float scale_log2;     // |softmax_scale| * log2(e), at least FLT_MIN (so -inf * scale = -inf)
+  uint32_t q_sign;      // 0x80008000 when softmax_scale < 0: Q's sign is flipped instead
+};
 
 // Writes 0 (lse -inf) into rows outside every request: [0, qsl[0]) and [qsl[B], T).
 template <typename T>
-__device__ void write_inert_rows(const PagedAttentionParams& p, int cta, int num_ctas) {
+__device__ void write_inert_rows(const PagedAttentionParams& p, int32_t cta, int32_t num_ctas) {
   const int64_t lo = p.num_reqs > 0 ? clamp_val<int64_t>(p.query_start_loc[0], 0, p.num_tokens) : 0;
   const int64_t hi =
       p.num_reqs > 0 ? clamp_val<int64_t>(p.query_start_loc[p.num_reqs], lo, p.num_tokens) : 0;
@@ -223,43 +124,77 @@ __device__ void write_inert_rows(const PagedAttentionParams& p, int cta, int num
   }
 }
 
-// grid = (B + 1, Hkv * q_tile_ctas, max_splits); block x == B writes the inert rows.
-template <typename T, int D, int kBlockM>
-__global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlockM>::kMinBlocks)
-    paged_attention_kernel(const PagedAttentionParams p, int32_t group, int32_t q_tile_ctas,
-                           int32_t max_splits) {
-  using Cfg = AttnCfg<D, kBlockM>;
+// S[64 x kBlockN] = Q K^T and O[64 x D] += P V for one warpgroup (sm_90a).
+template <typename T, int kBlockN>
+__device__ __forceinline__ void wgmma_qk(float (&s)[kBlockN / 8][4], const uint32_t (&a)[4],
+                                         uint64_t desc, int accumulate) {
+  if constexpr (kBlockN == 64) {
+    wgmma_m64n64k16<T, 0>(s, a, desc, accumulate);
+  } else {
+    wgmma_m64n32k16<T, 0>(s, a, desc, accumulate);
+  }
+}
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&a)[4],
+                                         uint64_t desc) {
+  if constexpr (D == 64) {
+    wgmma_m64n64k16<T, 1>(o, a, desc, 1);
+  } else {
+    wgmma_m64n128k16<T, 1>(o, a, desc, 1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main kernel
+// ---------------------------------------------------------------------------------------------
+
+// grid = work_ctas (= B * heads_tiles * max_splits: (request, split, KV head x query-tile CTA),
+// KV heads fastest) + inert_ctas that write the rows outside every request (usually none, so
+// they exit at once; last, so that they take the SM slots the work leaves free).
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
+__global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads,
+                                  AttnCfg<D, kBlockM, kWgmma, kBlockN>::kMinBlocks)
+    paged_attention_kernel(const PagedAttentionParams p, const AttnGrid grid) {
+  using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
   using Mma = MmaOp<T>;
   constexpr int kChunks = Cfg::kChunks;
   constexpr int kMT = Cfg::kMT;
-  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kPasses = Cfg::kKvPasses;
+  constexpr int kRowsPerPass = Cfg::kRowsPerPass;
+  extern __shared__ __align__(1024) uint8_t smem[];
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Let the merge kernel (programmatic dependent launch) get scheduled once every CTA of this
-  // grid runs; it still waits for this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  // Inputs may come from the previous kernel in the stream (PDL launch): wait before any read;
+  // then let the merge kernel get scheduled (it waits for this grid's completion itself).
+  griddep_wait();
+  griddep_launch_dependents();
 
-  const int r = blockIdx.x;
-  if (r == p.num_reqs) {
-    if (blockIdx.z == 0) write_inert_rows<T>(p, blockIdx.y, gridDim.y);
+  const int32_t cta = static_cast<int32_t>(blockIdx.x);
+  if (cta >= grid.work_ctas) {
+    write_inert_rows<T>(p, cta - grid.work_ctas, static_cast<int32_t>(gridDim.x) - grid.work_ctas);
     return;
   }
-  const int g = blockIdx.y % p.num_kv_heads;
-  const int q_cta = blockIdx.y / p.num_kv_heads;
-  const int split = blockIdx.z;
+  const int32_t ht = cta % grid.heads_tiles;
+  const int32_t rest = cta / grid.heads_tiles;
+  const int32_t split = rest % grid.max_splits;
+  const int32_t r = rest / grid.max_splits;
+  const int32_t g = ht % p.num_kv_heads;
+  const int32_t q_cta = ht / p.num_kv_heads;
+  const int32_t group = grid.group;
   const AttnRequest a = attn_request(p.query_start_loc, p.seq_lens, p.num_tokens, r);
   if (a.q_len == 0) return;  // padding request: no rows, no table reads
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t s_q = smem_addr(smem);
-  const uint32_t s_k = s_q + Cfg::kQBytes;
-  const uint32_t s_v = s_k + kStages * Cfg::kKvTileBytes;
+  if constexpr (kWgmma) {
+    if ((s_q & 1023u) != 0) __trap();  // the 128-byte swizzle needs 1024-byte aligned tiles
+  }
+  const uint32_t s_kv = s_q + Cfg::kQBytes;  // stage s: K at + s * kStageBytes, V after it
   const T* q_base = static_cast<const T*>(p.query);
   // K/V copy assignment: this thread moves 16-byte chunk kv_chunk of rows kv_row0 + j * step.
   // Cache strides fit in int32 (checked by the bind); block offsets are formed in 64 bits.
   const int kv_chunk = tid % kChunks, kv_row0 = tid / kChunks;
-  const uint32_t kv_dst0 = swizzle<D>(kv_row0, kv_chunk);  // step is a multiple of 8 rows
+  const uint32_t kv_dst0 = tile_offset<kBlockN>(kv_row0, kv_chunk);
   const T* k_base = static_cast<const T*>(p.key_cache) + g * p.k_stride_head + kv_chunk * 8;
   const T* v_base = static_cast<const T*>(p.value_cache) + g * p.v_stride_head + kv_chunk * 8;
   const int32_t k_stride_block = static_cast<int32_t>(p.k_stride_block);
@@ -270,77 +205,64 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
       static_cast<uint32_t>(p.num_blocks < INT32_MAX ? p.num_blocks : INT32_MAX);
   const int32_t* table = p.block_table + static_cast<int64_t>(r) * p.block_table_stride;
   const int32_t cap = key_capacity_i32(p);
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float sl = grid.scale_log2;
   const int32_t packed_total = a.q_len * group;
   const int32_t n_qtiles = (packed_total + kBlockM - 1) / kBlockM;
 
-  for (int32_t q_iter = q_cta; q_iter < n_qtiles; q_iter += q_tile_ctas) {
+  // Every shared-memory row this thread addresses in an ldmatrix has row & 7 == lane & 7.
+  const int sw = lane & 7;
+  const int k_row = ((lane >> 4) << 3) + (lane & 7), k_chunk_hi = (lane >> 3) & 1;
+  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk_hi = lane >> 4;
+
+  for (int32_t q_iter = q_cta; q_iter < n_qtiles; q_iter += grid.q_tile_ctas) {
     // Heaviest tile first: later rows see more keys under the causal mask (prefill), and the
     // CTAs with the lowest indices are scheduled first.
     const int32_t qt = n_qtiles - 1 - q_iter;
     const int32_t p0 = qt * kBlockM;
     const int32_t p1 = min(p0 + kBlockM, packed_total);
-    const TileKeys tk = tile_keys(a, p0, p1, group, p.window_left, cap);
-    const int32_t n_split = split_count(tk.ntk, max_splits, p.num_splits);
+    const TileKeys tk = tile_keys(a, p0, p1, group, p.window_left, cap, kBlockN);
+    const int32_t n_split = split_count(tk.ntk, grid.max_splits, p.num_splits);
     if (split >= n_split) continue;  // uniform across the CTA
     const int32_t per_split = (tk.ntk + n_split - 1) / n_split;
     const int32_t kt_begin = tk.kt0 + split * per_split;
     const int32_t n_tiles = max(0, min(tk.kt0 + tk.ntk, kt_begin + per_split) - kt_begin);
 
-    __syncthreads();  // the previous query tile is done with shared memory
-
-    // Q tile -> shared memory (rows past the tile are zero).
+    // Block ids of this thread's K/V rows of tile kt (-1: invisible key or !valid; only columns
+    // of keys in [lo_min, hi_max] of this split are read).
+    auto fetch_blocks = [&](int32_t kt, bool valid, int32_t (&blk)[kPasses]) {
 #pragma unroll
-    for (int it = 0; it < kBlockM * kChunks / Cfg::kThreads; ++it) {
-      const int c = tid + it * Cfg::kThreads;
-      const int m = c / kChunks, ch = c % kChunks;
-      const int32_t pp = p0 + m;
-      const bool ok = pp < p1;
-      const T* src = q_base;
-      if (ok) {
-        const int64_t t = a.q_start + pp / group;
-        const int32_t h = g * group + pp % group;
-        src = q_base + t * p.q_stride_t + h * p.q_stride_h + ch * 8;
+      for (int j = 0; j < kPasses; ++j) {
+        const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
+        const bool in_range = valid && key >= tk.lo_min && key <= tk.hi_max;
+        blk[j] = in_range ? __ldg(table + (key >> p.log2_block_size)) : -1;
       }
-      cp_async_16(s_q + swizzle<D>(m, ch), src, ok);
-    }
-    cp_async_commit();
-
-    // K/V tile kt -> stage `stage`. Each thread copies fixed chunk `ch` of rows row0 + j*step.
-    auto load_kv = [&](int32_t kt, int stage) {
-      constexpr int kRowsPerPass = Cfg::kThreads / kChunks;
-      const int32_t key0 = kt * kBlockN + kv_row0;
+    };
+    // K/V tile kt -> ring stage `stage`.
+    auto issue_kv = [&](int32_t kt, const int32_t (&blk)[kPasses], int stage) {
+      const uint32_t s_k = s_kv + stage * Cfg::kStageBytes + kv_dst0;
 #pragma unroll
-      for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-        const int32_t key = key0 + j * kRowsPerPass;
-        const bool in_range = key >= tk.lo_min && key <= tk.hi_max;
-        const int32_t blk = in_range ? __ldg(table + (key >> p.log2_block_size)) : -1;
-        const bool ok = static_cast<uint32_t>(blk) < num_blocks;  // also rejects blk < 0
+      for (int j = 0; j < kPasses; ++j) {
+        const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
+        const bool ok = static_cast<uint32_t>(blk[j]) < num_blocks;  // also rejects blk < 0
         const int32_t slot = key & (p.block_size - 1);
-        const int64_t koff = ok ? static_cast<int64_t>(blk) * k_stride_block +
-                                      static_cast<int64_t>(slot) * k_stride_slot
-                                : 0;
-        const int64_t voff = ok ? static_cast<int64_t>(blk) * v_stride_block +
-                                      static_cast<int64_t>(slot) * v_stride_slot
-                                : 0;
-        const uint32_t dst =
-            stage * Cfg::kKvTileBytes + kv_dst0 + j * kRowsPerPass * Cfg::kRowBytes;
-        cp_async_16(s_k + dst, k_base + koff, ok);
-        cp_async_16(s_v + dst, v_base + voff, ok);
+        // 32 x 32 -> 64-bit products; offset 0 (nothing is read) when !ok.
+        const int64_t koff =
+            ok ? mul_wide(blk[j], k_stride_block) + mul_wide(slot, k_stride_slot) : 0;
+        const int64_t voff =
+            ok ? mul_wide(blk[j], v_stride_block) + mul_wide(slot, v_stride_slot) : 0;
+        const uint32_t dst = s_k + j * kRowsPerPass * 128;  // rows are 128 B apart in a panel
+        cp_async_16(dst, k_base + koff, ok);
+        cp_async_16(dst + Cfg::kKvTileBytes, v_base + voff, ok);
       }
     };
 
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) load_kv(kt_begin + st, st);
-      cp_async_commit();
-    }
+    __syncthreads();  // the previous query tile is done with shared memory
 
     // Warp w owns m16 tiles w*kMT .. w*kMT + kMT - 1 of the packed tile; this thread owns rows
     // lane/4 and lane/4 + 8 of each (its accumulator rows). Per row: visible key bounds for the
     // mask; rows past the tile are masked everywhere and never written.
     int32_t row_lo[kMT][2], row_hi[kMT][2];
-    bool mt_active[kMT];  // warp-uniform: m16 tiles with no valid row skip their MMAs
+    bool mt_active[kMT];  // warp-uniform: m16 tiles with no valid row skip their work
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       const int32_t m0 = p0 + (warp * kMT + mt) * 16;
@@ -357,7 +279,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
     const bool warp_active = mt_active[0];  // tiles fill in order: warp idle iff its first is
 
     float o[kMT][D / 8][4];
-    float row_m[kMT][2], row_l[kMT][2];
+    float row_m[kMT][2], row_l[kMT][2];  // row_m: running max of the scaled (log2) scores
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -365,41 +287,54 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
       row_m[mt][0] = row_m[mt][1] = kNegInf;
       row_l[mt][0] = row_l[mt][1] = 0.f;
     }
-    uint32_t qa[kMT][D / 16][4];
 
-    cp_async_wait<kStages - 2>();  // Q (and the first K/V tile) landed
-    __syncthreads();
-    // Every shared-memory row this thread addresses in an ldmatrix has row & 7 == lane & 7, so the
-    // swizzled address is a per-thread row offset plus ((chunk ^ sw) << 4).
-    const int sw = lane & 7;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      if (!mt_active[mt]) continue;
-      const uint32_t q_row = s_q + ((warp * kMT + mt) * 16 + (lane & 15)) * Cfg::kRowBytes;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ldmatrix_x4(q_row + (((kk * 2 + (lane >> 4)) ^ sw) << 4), qa[mt][kk]);
-      }
-    }
-    const uint32_t k_row = (((lane >> 4) << 3) + (lane & 7)) * Cfg::kRowBytes;
-    const uint32_t v_row = ((lane & 7) + (((lane >> 3) & 1) << 3)) * Cfg::kRowBytes;
-    const int k_chunk_hi = (lane >> 3) & 1, v_chunk_hi = lane >> 4;
-
-    for (int32_t it = 0; it < n_tiles; ++it) {
-      cp_async_wait<kStages - 2>();
-      __syncthreads();  // tile `it` visible to all; stage (it - 1) % kStages free again
+    if (n_tiles > 0) {  // CTA-uniform; a tile that sees no key only writes zeros
+      // Block ids of the first kStages tiles (all loads in flight together), then Q and the
+      // first kStages - 1 K/V tiles; nblk carries the ids of the next tile to issue.
+      int32_t nblk[kPasses];
       {
-        const int32_t nt = it + kStages - 1;
-        if (nt < n_tiles) load_kv(kt_begin + nt, nt % kStages);
-        cp_async_commit();
+        int32_t blk[kStages][kPasses];
+#pragma unroll
+        for (int st = 0; st < kStages; ++st) fetch_blocks(kt_begin + st, st < n_tiles, blk[st]);
+        // Q tile -> shared memory (rows past the tile are zero).
+#pragma unroll
+        for (int it = 0; it < Cfg::kQPasses; ++it) {
+          const int c = tid + it * Cfg::kThreads;
+          const int m = c / kChunks, ch = c % kChunks;
+          const int32_t pp = p0 + m;
+          const bool ok = pp < p1;
+          const T* src = q_base;
+          if (ok) {
+            const int64_t t = a.q_start + pp / group;
+            const int32_t h = g * group + pp % group;
+            src = q_base + t * p.q_stride_t + h * p.q_stride_h + ch * 8;
+          }
+          cp_async_16(s_q + tile_offset<kBlockM>(m, ch), src, ok);
+        }
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st) {
+          if (st < n_tiles) issue_kv(kt_begin + st, blk[st], st);
+          cp_async_commit();  // group 0 also carries Q
+        }
+#pragma unroll
+        for (int j = 0; j < kPasses; ++j) nblk[j] = blk[kStages - 1][j];
       }
-      if (!warp_active) continue;
-      const int stage = it % kStages;
-      const uint32_t sk = s_k + stage * Cfg::kKvTileBytes;
-      const uint32_t sv = s_v + stage * Cfg::kKvTileBytes;
-      const int32_t key0 = (kt_begin + it) * kBlockN;
 
-      // S = Q K^T for this warp's kMT x 16 rows x 64 keys; each K fragment serves every m16 tile.
+      cp_async_wait<kStages - 2>();  // Q (and the first K/V tile) landed
+      __syncthreads();
+      uint32_t qa[kMT][D / 16][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if (!kWgmma && !mt_active[mt]) continue;  // wgmma: every warp feeds its (zero) rows
+        const int q_row = (warp * kMT + mt) * 16 + (lane & 15);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          ldmatrix_x4(s_q + tile_offset<kBlockM>(q_row, kk * 2 + (lane >> 4)), qa[mt][kk]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][kk][e] ^= grid.q_sign;  // negative scale
+        }
+      }
+
       float s[kMT][kBlockN / 8][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -407,100 +342,168 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM>::kThreads, AttnCfg<D, kBlo
         for (int j = 0; j < kBlockN / 8; ++j)
           s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
       }
+      int read_stage = 0, write_stage = kStages - 1;
+      for (int32_t it = 0; it < n_tiles; ++it) {
+        cp_async_wait<kStages - 2>();
+        if constexpr (kWgmma) fence_proxy_async_smem();  // landed K/V -> wgmma's async proxy
+        __syncthreads();  // tile `it` visible to all; stage (it - 1) % kStages free again
+        {
+          const int32_t nt = it + kStages - 1;
+          if (nt < n_tiles) issue_kv(kt_begin + nt, nblk, write_stage);
+          cp_async_commit();
+          fetch_blocks(kt_begin + nt + 1, nt + 1 < n_tiles, nblk);  // lands during this tile
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+        }
+        const uint32_t sk = s_kv + read_stage * Cfg::kStageBytes;
+        const uint32_t sv = sk + Cfg::kKvTileBytes;
+        read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+        if (!kWgmma && !warp_active) continue;
+        const int32_t key0 = (kt_begin + it) * kBlockN;
+
+        // S = Q K^T (raw scores).
+        if constexpr (kWgmma) {
+          wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; j += 2) {
-          uint32_t b[4];
-          ldmatrix_x4(sk + k_row + j * 8 * Cfg::kRowBytes + (((kk * 2 + k_chunk_hi) ^ sw) << 4), b);
+          for (int kk = 0; kk < D / 16; ++kk) {
+            wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_operands(s[0]);
+        } else {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            if (!mt_active[mt]) continue;
-            Mma::run(s[mt][j], qa[mt][kk], b[0], b[1]);
-            Mma::run(s[mt][j + 1], qa[mt][kk], b[2], b[3]);
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j)
+              s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
           }
-        }
-      }
-
-      // Scale into the exp2 domain, then mask (only tiles crossing a row's causal/window edge).
-      const bool need_mask = key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi;
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const int ch = kk * 2 + k_chunk_hi;
+            const uint32_t k_addr =
+                sk + (ch >> 3) * (kBlockN * 128) + k_row * 128 + (((ch & 7) ^ sw) << 4);
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
+            for (int j = 0; j < kBlockN / 8; j += 2) {
+              uint32_t b[4];
+              ldmatrix_x4(k_addr + j * 8 * 128, b);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][j][e] *= scale_log2;
-        }
-      }
-      if (need_mask) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int32_t key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1);
-              const int half = e >> 1;
-              if (key < row_lo[mt][half] || key > row_hi[mt][half]) s[mt][j][e] = kNegInf;
+              for (int mt = 0; mt < kMT; ++mt) {
+                if (!mt_active[mt]) continue;
+                Mma::run(s[mt][j], qa[mt][kk], b[0], b[1]);
+                Mma::run(s[mt][j + 1], qa[mt][kk], b[2], b[3]);
+              }
             }
           }
         }
-      }
 
-      // Online softmax (fp32): running max m, running (thread-partial) sum l, rescaled O.
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float mx = kNegInf;
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-            mx = fmaxf(mx, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(row_m[mt][half], mx);
-          const float m_use = m_new == kNegInf ? 0.f : m_new;
-          const float alpha = fast_exp2(row_m[mt][half] - m_use);
-          row_m[mt][half] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) {
-            s[mt][j][2 * half] = fast_exp2(s[mt][j][2 * half] - m_use);
-            s[mt][j][2 * half + 1] = fast_exp2(s[mt][j][2 * half + 1] - m_use);
-            sum += s[mt][j][2 * half] + s[mt][j][2 * half + 1];
-          }
-          row_l[mt][half] = row_l[mt][half] * alpha + sum;
-#pragma unroll
-          for (int c = 0; c < D / 8; ++c) {
-            o[mt][c][2 * half] *= alpha;
-            o[mt][c][2 * half + 1] *= alpha;
-          }
-        }
-      }
-
-      // O += P V: P (bf16/fp16) comes straight from the S accumulators' register layout; each V
-      // fragment serves every m16 tile.
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          pa[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int c = 0; c < D / 8; c += 2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(sv + v_row + kk * 16 * Cfg::kRowBytes + (((c + v_chunk_hi) ^ sw) << 4),
-                            b);
+        // Mask (only tiles crossing a row's causal/window edge).
+        if (key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi) {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            if (!mt_active[mt]) continue;
-            Mma::run(o[mt][c], pa[mt], b[0], b[1]);
-            Mma::run(o[mt][c + 1], pa[mt], b[2], b[3]);
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int32_t key = key0 + j * 8 + ((lane & 3) << 1) + (e & 1);
+                const int half = e >> 1;
+                if (key < row_lo[mt][half] || key > row_hi[mt][half]) s[mt][j][e] = kNegInf;
+              }
+            }
+          }
+        }
+
+        // Online softmax (fp32, exp2 domain): p = 2^(s * sl - m), running (thread-partial) sum
+        // l; O is rescaled only if some row maximum of this warp changed.
+        float alpha[kMT][2];
+        bool changed = false;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          alpha[mt][0] = alpha[mt][1] = 1.f;
+          if (!mt_active[mt]) continue;  // warp-uniform: rows past the tile are never written
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float mx = kNegInf;
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+              mx = fmaxf(mx, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_old = row_m[mt][half];
+            const float m_new = fmaxf(m_old, mx * sl);  // sl > 0: -inf stays -inf
+            const float m_use = m_new == kNegInf ? 0.f : m_new;
+            if (m_new != m_old) {
+              alpha[mt][half] = fast_exp2(m_old - m_use);  // 0 when m_old == -inf
+              changed = true;
+            }
+            row_m[mt][half] = m_new;
+            float sum0 = 0.f, sum1 = 0.f;  // two chains: half the FADD latency
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+              const int e = 2 * half;
+              s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl, -m_use));
+              s[mt][j][e + 1] = fast_exp2(fmaf(s[mt][j][e + 1], sl, -m_use));
+              sum0 += s[mt][j][e];
+              sum1 += s[mt][j][e + 1];
+            }
+            row_l[mt][half] = row_l[mt][half] * alpha[mt][half] + (sum0 + sum1);
+          }
+        }
+        if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int c = 0; c < D / 8; ++c) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) o[mt][c][e] *= alpha[mt][e >> 1];
+            }
+          }
+        }
+
+        // O += P V: P (bf16/fp16) comes straight from the S accumulators' register layout.
+        if constexpr (kWgmma) {
+          uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const bool on = mt_active[0];
+            pa[kk][0] = on ? Mma::pack(s[0][2 * kk][0], s[0][2 * kk][1]) : 0u;
+            pa[kk][1] = on ? Mma::pack(s[0][2 * kk][2], s[0][2 * kk][3]) : 0u;
+            pa[kk][2] = on ? Mma::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]) : 0u;
+            pa[kk][3] = on ? Mma::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]) : 0u;
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            wgmma_pv<T, D>(o[0], pa[kk], v_operand_desc<kBlockN>(sv, kk));
+          }
+          wgmma_commit();
+          wgmma_wait<0>();  // before the next barrier lets this stage be overwritten
+          fence_operands(o[0]);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            uint32_t pa[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              pa[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+              pa[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+              pa[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+              pa[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int c = 0; c < D / 8; c += 2) {
+              const int ch = c + v_chunk_hi;
+              const uint32_t v_addr = sv + (ch >> 3) * (kBlockN * 128) + (v_row + kk * 16) * 128 +
+                                      (((ch & 7) ^ sw) << 4);
+              uint32_t b[4];
+              ldmatrix_x4_trans(v_addr, b);
+#pragma unroll
+              for (int mt = 0; mt < kMT; ++mt) {
+                if (!mt_active[mt]) continue;
+                Mma::run(o[mt][c], pa[mt], b[0], b[1]);
+                Mma::run(o[mt][c + 1], pa[mt], b[2], b[3]);
+              }
+            }
           }
         }
       }
@@ -581,33 +584,65 @@ __device__ __forceinline__ int32_t find_request(const PagedAttentionParams& p, i
   return (t >= a.q_start && t < a.q_start + a.q_len) ? lo : -1;
 }
 
+template <int kPerLane>
+struct MergeVec;
+template <>
+struct MergeVec<2> {
+  using type = float2;
+  static __device__ __forceinline__ void fma(float (&acc)[2], float w, float2 v) {
+    acc[0] = fmaf(w, v.x, acc[0]);
+    acc[1] = fmaf(w, v.y, acc[1]);
+  }
+};
+template <>
+struct MergeVec<4> {
+  using type = float4;
+  static __device__ __forceinline__ void fma(float (&acc)[4], float w, float4 v) {
+    acc[0] = fmaf(w, v.x, acc[0]);
+    acc[1] = fmaf(w, v.y, acc[1]);
+    acc[2] = fmaf(w, v.z, acc[2]);
+    acc[3] = fmaf(w, v.w, acc[3]);
+  }
+};
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeWarps * 32)
-    paged_attention_merge_kernel(const PagedAttentionParams p, int32_t group, int32_t block_m,
-                                 int32_t max_splits) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the main kernel's writes are visible
-#endif
+    paged_attention_merge_kernel(const PagedAttentionParams p, const AttnGrid grid) {
   constexpr int kPerLane = D / 32;
+  using Vec = MergeVec<kPerLane>;
+  using VecT = typename Vec::type;
   const int lane = threadIdx.x & 31;
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
-  if (pair >= p.num_tokens * p.num_q_heads) return;
-  const int64_t t = pair / p.num_q_heads;
-  const int32_t h = static_cast<int32_t>(pair - t * p.num_q_heads);
-  const int32_t r = find_request(p, t);
-  if (r < 0) return;  // inert row: written by the main kernel
-  const AttnRequest a = attn_request(p.query_start_loc, p.seq_lens, p.num_tokens, r);
-  const int32_t g = h / group;
-  const int32_t pp = static_cast<int32_t>(t - a.q_start) * group + (h - g * group);
-  const int32_t p0 = pp / block_m * block_m;
-  const int32_t p1 = min(p0 + block_m, a.q_len * group);
-  const TileKeys tk = tile_keys(a, p0, p1, group, p.window_left, key_capacity_i32(p));
-  const int32_t n_split = split_count(tk.ntk, max_splits, p.num_splits);
-  if (n_split <= 1) return;  // written directly by the main kernel
-
   const int64_t stride = p.num_tokens * p.num_q_heads;
+
+  // Which rows were split: from launch inputs only (safe before the main kernel completes).
+  int32_t n_split = 0;
+  int64_t t = 0;
+  int32_t h = 0;
+  if (pair < stride) {
+    t = pair / p.num_q_heads;
+    h = static_cast<int32_t>(pair - t * p.num_q_heads);
+    const int32_t r = find_request(p, t);
+    if (r >= 0) {
+      const AttnRequest a = attn_request(p.query_start_loc, p.seq_lens, p.num_tokens, r);
+      const int32_t gk = h / grid.group;
+      const int32_t pp = static_cast<int32_t>(t - a.q_start) * grid.group + (h - gk * grid.group);
+      const int32_t p0 = pp / grid.block_m * grid.block_m;
+      const int32_t p1 = min(p0 + grid.block_m, a.q_len * grid.group);
+      const TileKeys tk =
+          tile_keys(a, p0, p1, grid.group, p.window_left, key_capacity_i32(p), grid.block_n);
+      n_split = split_count(tk.ntk, grid.max_splits, p.num_splits);
+    }
+  }
+  griddep_wait();  // the main kernel's partials are complete and visible
+  griddep_launch_dependents();
+  if (n_split <= 1) return;  // inert, unsplit or out of range: written by the main kernel
+
+  // Max of the split lse values (log2 domain), lanes over splits.
   float mx = kNegInf;
-  for (int32_t s = 0; s < n_split; ++s) mx = fmaxf(mx, p.ws_lse[s * stride + pair]);
+  for (int32_t s = lane; s < n_split; s += 32) mx = fmaxf(mx, p.ws_lse[s * stride + pair]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   T* dst = static_cast<T*>(p.out) + t * p.o_stride_t + h * p.o_stride_h + lane * kPerLane;
   if (mx == kNegInf) {  // the row sees no key: 0, lse = sink (or -inf), as in the main kernel
 #pragma unroll
@@ -618,26 +653,38 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     return;
   }
   if (p.sinks != nullptr) mx = fmaxf(mx, p.sinks[h] * kLog2e);
+
+  // Weighted sum: lane s (mod 32) holds split s's weight; every lane owns kPerLane columns and
+  // keeps up to kMergeUnroll partial rows in flight.
   float acc[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
-  float l = p.sinks != nullptr ? fast_exp2(p.sinks[h] * kLog2e - mx) : 0.f;
-  for (int32_t s = 0; s < n_split; ++s) {
-    const float w = fast_exp2(p.ws_lse[s * stride + pair] - mx);
-    l += w;
-    const float* src = p.ws_out + (s * stride + pair) * D + lane * kPerLane;
-    if constexpr (kPerLane == 4) {
-      const float4 v = *reinterpret_cast<const float4*>(src);
-      acc[0] += w * v.x;
-      acc[1] += w * v.y;
-      acc[2] += w * v.z;
-      acc[3] += w * v.w;
-    } else {
-      const float2 v = *reinterpret_cast<const float2*>(src);
-      acc[0] += w * v.x;
-      acc[1] += w * v.y;
+  float l = 0.f;  // lane-partial sum of the weights
+  const float* src = p.ws_out + pair * D + lane * kPerLane;
+  for (int32_t s0 = 0; s0 < n_split; s0 += 32) {
+    const int32_t n_here = min(32, n_split - s0);
+    const float w_lane =
+        lane < n_here ? fast_exp2(p.ws_lse[(s0 + lane) * stride + pair] - mx) : 0.f;
+    l += w_lane;
+    for (int32_t u0 = 0; u0 < n_here; u0 += kMergeUnroll) {
+      VecT v[kMergeUnroll];
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        if (u0 + u < n_here) {
+          v[u] = *reinterpret_cast<const VecT*>(src + (s0 + u0 + u) * stride * D);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) {
+        if (u0 + u < n_here) {  // warp-uniform
+          Vec::fma(acc, __shfl_sync(0xffffffffu, w_lane, u0 + u), v[u]);
+        }
+      }
     }
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+  if (p.sinks != nullptr) l += fast_exp2(p.sinks[h] * kLog2e - mx);
   const float inv = 1.f / l;
 #pragma unroll
   for (int e = 0; e < kPerLane; e += 2) {
@@ -650,12 +697,43 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // Host side: configuration, occupancy, launch
 // ---------------------------------------------------------------------------------------------
 
+bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("PEAGLE_DISABLE_PDL");
+    return v == nullptr || v[0] == '\0' || v[0] == '0';
+  }();
+  return enabled;
+}
+
+// Launches `kernel` with programmatic stream serialization when PDL is enabled (plain launch if
+// the attribute is refused).
+template <typename Kernel>
+cudaError_t launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       const PagedAttentionParams& p, const AttnGrid& g) {
+  if (pdl_enabled()) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, p, g) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError();
+  }
+  kernel<<<grid, block, smem, stream>>>(p, g);
+  return cudaGetLastError();
+}
+
 // Opts the instantiation into > 48 KB of dynamic shared memory (per device, so on every launch;
 // it is a cheap host call) and reports its resident CTAs per SM (cached per instantiation).
-template <typename T, int D, int kBlockM>
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
 cudaError_t prepare_kernel(int* ctas_per_sm) {
-  using Cfg = AttnCfg<D, kBlockM>;
-  auto kernel = paged_attention_kernel<T, D, kBlockM>;
+  using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
+  auto kernel = paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -674,75 +752,120 @@ cudaError_t prepare_kernel(int* ctas_per_sm) {
   return cudaSuccess;
 }
 
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PEAGLE_DISABLE_PDL");
-    return v == nullptr || v[0] == '\0' || v[0] == '0';
-  }();
-  return enabled;
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
+cudaError_t launch_main(const PagedAttentionParams& p, const AttnGrid& g, int64_t ctas,
+                        cudaStream_t stream) {
+  using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
+  const cudaError_t err = prepare_kernel<T, D, kBlockM, kWgmma, kBlockN>(nullptr);
+  if (err != cudaSuccess) return err;
+  return launch_pdl(paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN>,
+                    dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                    p, g);
+}
+
+// Calls fn.template run<kBlockM, kWgmma, kBlockN>() for the plan's instantiation. 32-key tiles
+// exist for head_dim 128 with 64-row query tiles only (choose_impl never asks for others).
+template <int D, typename Fn>
+auto dispatch_tile(const PagedAttentionPlan& plan, const Fn& fn) {
+  const bool wg = plan.impl == kImplWgmma;
+  if constexpr (D == 128) {
+    if (plan.block_n == 32 && plan.block_m == 64) {
+      return wg ? fn.template run<64, true, 32>() : fn.template run<64, false, 32>();
+    }
+  }
+  if (plan.block_m == 64) {
+    return wg ? fn.template run<64, true, 64>() : fn.template run<64, false, 64>();
+  }
+  return wg ? fn.template run<128, true, 64>() : fn.template run<128, false, 64>();
+}
+
+template <typename T, int D>
+struct OccupancyFn {
+  template <int M, bool W, int N>
+  int run() const {
+    int n = 1;
+    prepare_kernel<T, D, M, W, N>(&n);
+    return n;
+  }
+};
+
+template <typename T, int D>
+int ctas_per_sm_for(const PagedAttentionPlan& plan) {
+  return dispatch_tile<D>(plan, OccupancyFn<T, D>{});
+}
+
+template <typename T, int D>
+struct LaunchMainFn {
+  const PagedAttentionParams& p;
+  const AttnGrid& g;
+  int64_t ctas;
+  cudaStream_t stream;
+  template <int M, bool W, int N>
+  cudaError_t run() const {
+    return launch_main<T, D, M, W, N>(p, g, ctas, stream);
+  }
+};
+
+AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan) {
+  AttnGrid g;
+  g.group = p.num_q_heads / p.num_kv_heads;
+  g.q_tile_ctas = plan.q_tile_ctas;
+  g.heads_tiles = p.num_kv_heads * plan.q_tile_ctas;
+  g.work_ctas = static_cast<int32_t>(plan.grid_ctas - plan.inert_ctas);
+  g.max_splits = plan.max_splits;
+  g.block_m = plan.block_m;
+  g.block_n = plan.block_n;
+  const float a = p.softmax_scale < 0.f ? -p.softmax_scale : p.softmax_scale;
+  g.scale_log2 = fmaxf(a * kLog2e, FLT_MIN);
+  g.q_sign = p.softmax_scale < 0.f ? 0x80008000u : 0u;
+  return g;
 }
 
 template <typename T, int D>
 cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan& plan,
                          cudaStream_t stream) {
-  const int32_t group = p.num_q_heads / p.num_kv_heads;
-  const dim3 grid(static_cast<unsigned>(p.num_reqs + 1),
-                  static_cast<unsigned>(p.num_kv_heads * plan.q_tile_ctas),
-                  static_cast<unsigned>(plan.max_splits));
-  cudaError_t err;
-  if (plan.block_m == 64) {
-    using Cfg = AttnCfg<D, 64>;
-    err = prepare_kernel<T, D, 64>(nullptr);
-    if (err != cudaSuccess) return err;
-    paged_attention_kernel<T, D, 64><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        p, group, plan.q_tile_ctas, plan.max_splits);
-  } else {
-    using Cfg = AttnCfg<D, 128>;
-    err = prepare_kernel<T, D, 128>(nullptr);
-    if (err != cudaSuccess) return err;
-    paged_attention_kernel<T, D, 128><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        p, group, plan.q_tile_ctas, plan.max_splits);
-  }
-  err = cudaGetLastError();
+  const AttnGrid g = make_grid(p, plan);
+  cudaError_t err = dispatch_tile<D>(plan, LaunchMainFn<T, D>{p, g, plan.grid_ctas, stream});
   if (err != cudaSuccess || !plan.needs_workspace) return err;
-
-  // Merge: programmatic dependent launch (overlaps its launch with the main kernel's tail),
-  // plain launch if the attribute is refused or PEAGLE_DISABLE_PDL=1.
   const int64_t pairs = p.num_tokens * p.num_q_heads;
   const unsigned blocks = static_cast<unsigned>((pairs + kMergeWarps - 1) / kMergeWarps);
-  auto merge = paged_attention_merge_kernel<T, D>;
-  if (!pdl_enabled()) {
-    merge<<<blocks, kMergeWarps * 32, 0, stream>>>(p, group, plan.block_m, plan.max_splits);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kMergeWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, merge, p, group, plan.block_m, plan.max_splits);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    merge<<<blocks, kMergeWarps * 32, 0, stream>>>(p, group, plan.block_m, plan.max_splits);
-    err = cudaGetLastError();
-  }
-  return err;
+  return launch_pdl(paged_attention_merge_kernel<T, D>, dim3(blocks), dim3(kMergeWarps * 32), 0,
+                    stream, p, g);
 }
 
-template <typename T, int D>
-int ctas_per_sm_for(int block_m) {
-  int n = 1;
-  if (block_m == 64) {
-    prepare_kernel<T, D, 64>(&n);
-  } else {
-    prepare_kernel<T, D, 128>(&n);
+// PEAGLE_ATTN_IMPL (benchmarks/tests): "mma" or "wgmma" forces the tensor-core path ("wgmma"
+// only where it exists: sm_90), a "n32" token selects 32-key KV tiles for head_dim 128; unset or
+// "auto": wgmma on sm_90 for GQA groups >= 4, else mma.sync; 64-key tiles.
+// Whether the loaded sm_90 binary has the wgmma kernels: a build for plain sm_90 (not sm_90a)
+// compiles them to a trap stub (PEAGLE_ATTN_HAS_WGMMA == 0), which needs a few dozen registers
+// where the real kernels hold >= 64 fp32 accumulators per thread.
+bool wgmma_compiled() {
+  static const bool compiled = [] {
+    cudaFuncAttributes attr = {};
+    if (cudaFuncGetAttributes(&attr, paged_attention_kernel<__nv_bfloat16, 64, 64, true, 64>) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.numRegs >= 96;
+  }();
+  return compiled;
+}
+
+void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPlan& plan) {
+  const char* env = std::getenv("PEAGLE_ATTN_IMPL");
+  const bool has_wgmma = p.arch == 90 && wgmma_compiled();
+  plan.impl = has_wgmma && group >= 4 ? kImplWgmma : kImplMma;
+  plan.block_n = 64;
+  if (env == nullptr) return;
+  if (std::strstr(env, "wgmma") != nullptr) {
+    plan.impl = has_wgmma ? kImplWgmma : kImplMma;
+  } else if (std::strstr(env, "mma") != nullptr) {
+    plan.impl = kImplMma;
   }
-  return n;
+  if (std::strstr(env, "n32") != nullptr && p.head_dim == 128 && plan.block_m == 64) {
+    plan.block_n = 32;
+  }
 }
 
 }  // namespace
@@ -754,10 +877,16 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
   // num_splits gives bit-identical results for any hint: G <= 4 -> 64 packed rows (a P-EAGLE
   // request of 14 rows x 4 heads = 56), G > 4 -> 128 (14 x 8 = 112).
   plan.block_m = group <= 4 ? 64 : 128;
+  choose_impl(p, group, plan);
   const int64_t rows_hint = p.max_query_len > 0 ? p.max_query_len : 1;
   const int64_t packed = group * rows_hint;
   const int64_t q_tiles = (packed + plan.block_m - 1) / plan.block_m;
-  const int64_t max_q_ctas = 65535 / p.num_kv_heads;  // gridDim.y limit
+  // The 1-D grid inert_ctas + B * Hkv * q_tile_ctas * max_splits must stay below 2^31 (the bind
+  // checks B * Hkv * num_splits <= kGridLimit); extra query tiles are looped over in a CTA.
+  const int64_t reqs_heads =
+      std::max<int64_t>(1, static_cast<int64_t>(p.num_reqs) * p.num_kv_heads);
+  const int64_t fixed_splits = p.num_splits > 0 ? p.num_splits : 1;
+  const int64_t max_q_ctas = std::max<int64_t>(1, kGridLimit / (reqs_heads * fixed_splits));
   plan.q_tile_ctas = static_cast<int32_t>(q_tiles < max_q_ctas ? q_tiles : max_q_ctas);
   if (p.num_splits > 0) {
     plan.max_splits = p.num_splits;
@@ -765,20 +894,26 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
     int per_sm = 1;
     const bool bf16 = p.dtype == AttnDtype::kBFloat16;
     if (p.head_dim == 64) {
-      per_sm = bf16 ? ctas_per_sm_for<__nv_bfloat16, 64>(plan.block_m)
-                    : ctas_per_sm_for<__half, 64>(plan.block_m);
+      per_sm = bf16 ? ctas_per_sm_for<__nv_bfloat16, 64>(plan) : ctas_per_sm_for<__half, 64>(plan);
     } else {
-      per_sm = bf16 ? ctas_per_sm_for<__nv_bfloat16, 128>(plan.block_m)
-                    : ctas_per_sm_for<__half, 128>(plan.block_m);
+      per_sm =
+          bf16 ? ctas_per_sm_for<__nv_bfloat16, 128>(plan) : ctas_per_sm_for<__half, 128>(plan);
     }
     // Fill one wave of resident CTAs: splits = floor(slots / CTAs without splitting).
     const int64_t slots = static_cast<int64_t>(p.num_sms > 0 ? p.num_sms : 132) * per_sm;
     const int64_t base = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * plan.q_tile_ctas;
     int64_t s = base > 0 ? slots / base : 1;
+    const int64_t grid_cap = kGridLimit / (reqs_heads * plan.q_tile_ctas);
+    s = s > grid_cap ? grid_cap : s;
     s = s < 1 ? 1 : (s > kMaxAutoSplits ? kMaxAutoSplits : s);
     plan.max_splits = static_cast<int32_t>(s);
   }
   plan.needs_workspace = plan.max_splits > 1;
+  // Rows outside every request (a padded tail, B == 0): a few CTAs stride over them.
+  plan.inert_ctas =
+      static_cast<int32_t>(std::min<int64_t>(kInertCtas, std::max<int64_t>(1, p.num_tokens)));
+  plan.grid_ctas = plan.inert_ctas + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads *
+                                         plan.q_tile_ctas * plan.max_splits;
   return plan;
 }
 
@@ -788,6 +923,7 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, const PagedAtt
   if (plan.needs_workspace && (p.ws_out == nullptr || p.ws_lse == nullptr)) {
     return cudaErrorInvalidValue;
   }
+  if (plan.grid_ctas < 1 || plan.grid_ctas > INT32_MAX) return cudaErrorInvalidConfiguration;
   const bool bf16 = p.dtype == AttnDtype::kBFloat16;
   if (p.dtype == AttnDtype::kFloat32) return cudaErrorInvalidValue;
   if (p.head_dim == 64) {

@@ -13,9 +13,9 @@
 namespace peagle {
 namespace {
 
-int device_sm_count(c10::DeviceIndex device) {
+int device_attr(cudaDeviceAttr attr, c10::DeviceIndex device) {
   int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, device));
   return n;
 }
 
@@ -32,7 +32,10 @@ void paged_attention_cuda(const at::Tensor& query, const at::Tensor& key_cache,
   const c10::cuda::CUDAGuard guard(query.device());
   PagedAttentionParams& p = bound.params;
   if (p.num_tokens == 0) return;  // B == 0 and T == 0, or T == 0 (EDGE_CASES B2)
-  p.num_sms = device_sm_count(query.device().index());
+  const c10::DeviceIndex dev = query.device().index();
+  p.num_sms = device_attr(cudaDevAttrMultiProcessorCount, dev);
+  p.arch = device_attr(cudaDevAttrComputeCapabilityMajor, dev) * 10 +
+           device_attr(cudaDevAttrComputeCapabilityMinor, dev);
   const PagedAttentionPlan plan = plan_paged_attention(p);
   at::Tensor ws_out, ws_lse;
   if (plan.needs_workspace) {

@@ -21,10 +21,13 @@ void verify_chain_cuda(const at::Tensor& target_logits, const at::Tensor& draft_
                        const c10::optional<at::Tensor>& draft_probs,
                        const c10::optional<at::Tensor>& uniforms,
                        const c10::optional<at::Tensor>& request_mask,
-                       const c10::optional<at::Tensor>& accepted_per_position) {
+                       const c10::optional<at::Tensor>& accepted_per_position,
+                       const c10::optional<at::Tensor>& bonus_token_ids,
+                       const c10::optional<at::Tensor>& exponentials) {
   auto bound = bind_verify_chain(target_logits, draft_token_ids, cu_num_draft_tokens, temperature,
                                  seeds, offsets, output_token_ids, num_accepted, top_k, top_p,
-                                 draft_probs, uniforms, request_mask, accepted_per_position);
+                                 draft_probs, uniforms, request_mask, accepted_per_position,
+                                 bonus_token_ids, exponentials);
   // After the checks: a mixed-device call must report the argument, not fail in the guard.
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const VerifyChainParams& p = bound.params;

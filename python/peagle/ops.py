@@ -324,9 +324,10 @@ def paged_attention(
             ``exp(sinks[h])`` in the softmax denominator that carries no value.
         num_splits: CUDA split-KV count per (request, KV head, query tile); 0 = chosen on the
             device from ``seq_lens`` (capped from host-known sizes; CUDA-graph safe), ``> 0`` =
-            that many (clamped to the request's 64-key tiles), which makes a request's result
-            independent of the rest of the batch. Any mode is bit-reproducible run to run. Ignored
-            on CPU. At most 256.
+            that many (clamped to the request's KV tiles of 64 keys, 32 with the ``n32`` variant),
+            which makes a request's result independent of the rest of the batch. Any mode is
+            bit-reproducible run to run (for a given kernel variant). Ignored on CPU. At most 256;
+            on CUDA also ``B * Hkv * num_splits < 2^31 - 64``.
         return_lse: also return ``[T, Hq]`` fp32 log-sum-exp (natural log of the scaled scores,
             sink included).
         out, lse: preallocated outputs (``out`` may be a strided view with unit stride in ``D``;
@@ -335,8 +336,12 @@ def paged_attention(
     CUDA kernel (csrc/cuda/paged_attention.cu): the GQA group and the request's query rows are
     packed into one MMA tile per KV head (64 rows for ``Hq/Hkv <= 4``, else 128), so every KV
     page is read once per KV head for all rows; the KV range is split across CTAs on the device
-    for small batches / long contexts, with a merge kernel launched by programmatic dependent
-    launch (``PEAGLE_DISABLE_PDL=1`` falls back to a plain launch). No host sync; CUDA-graph safe.
+    for small batches / long contexts, with a merge kernel. Both kernels are launched with
+    programmatic dependent launch (``PEAGLE_DISABLE_PDL=1``: plain launches). Tensor cores:
+    ``wgmma`` on sm_90 for ``Hq/Hkv >= 4``, else ``mma.sync`` (sm_100 always);
+    ``PEAGLE_ATTN_IMPL`` (read at every call, so at graph capture) forces ``mma`` or ``wgmma``
+    and/or ``n32`` (32-key KV tiles, head_dim 128 with 64-row tiles) for benchmarks and tests;
+    variants agree to fp32 accumulation order. No host sync; CUDA-graph safe.
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
@@ -398,6 +403,8 @@ def verify_chain(
     draft_probs: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
     request_mask: torch.Tensor | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    exponentials: torch.Tensor | None = None,
     max_num_draft_tokens: int | None = None,
     return_accepted_per_position: bool = False,
     out: VerifyOutput | None = None,
@@ -423,7 +430,18 @@ def verify_chain(
     recovered token is drawn from ``normalize(max(p - q, 0))`` (``p`` with ``x`` removed when
     ``draft_probs`` is None) by Gumbel-max; if every draft is accepted, the bonus token is drawn
     from ``p`` of the bonus row. Ties go to the lowest index, an empty residual falls back to
-    the argmax of ``p``, and every emitted id is in ``[0, V)``.
+    the argmax of ``p``, and every sampled id is in ``[0, V)``.
+
+    vLLM parity (both optional, SPEC §6.4-6.6): ``bonus_token_ids`` replaces the bonus token of
+    every request whose drafts are all accepted (greedy and random; the bonus rows are then never
+    read, so they may hold anything); ``exponentials`` replaces the Gumbel noise of the recovered
+    token by vLLM 0.28's exponential race: ``argmax_v residual(v) * (1 / exponentials[r, v])``
+    (float32, vLLM's ``prob * q.reciprocal()``; v0.16 divided, which differs only on 1-ULP
+    near-ties; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q, 0)`` with
+    ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an all-zero
+    residual falls back to the argmax of ``p`` where vLLM returns token 0 — peagle's SPEC §6.4
+    rule, reachable only when ``q(x) = 0`` and ``p = q``). With ``uniforms`` as well, every random
+    draw comes from the caller, as in vLLM's rejection sampler.
 
     Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
     counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
@@ -437,7 +455,18 @@ def verify_chain(
     acceptance draws.
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
-    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows).
+    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows): the CPU op sums ``exp(s -
+    m)`` in fp64, the CUDA kernels sum ``2^(s log2 e - m log2 e)`` (MUFU.EX2) in fp32 and keep
+    top-k/top-p masses in 2^-32 fixed point; CUDA results are bit-identical run to run.
+
+    CUDA outline: 2-3 kernels, the later ones programmatic dependent launches (set
+    ``PEAGLE_DISABLE_PDL=1`` for plain launches): (1) every logits row read once, split over
+    CTAs: argmax and online normaliser; (2) only with ``top_k``/``top_p``: each filtered row read
+    once more, keys above a provable bound collected (up to 4096 per row, fewer beyond 4096
+    rows; on overflow, ``top_k`` > 256 on a large vocabulary, or a top-p cut that may lie below
+    the bound: radix passes over the row) and the threshold selected exactly; (3) per request:
+    the acceptance chain, the outputs, and the one sampled row split over CTAs with Philox noise
+    only for tokens that can still win.
 
     Args:
         target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row
@@ -453,6 +482,10 @@ def verify_chain(
         uniforms: ``[T]`` float64 acceptance draws overriding Philox (tests, vLLM parity).
         request_mask: ``[B]`` bool; False rows (CUDA-graph padding) emit nothing and their
             per-request values are never read.
+        bonus_token_ids: ``[B]`` int32 bonus tokens sampled outside (vLLM's sampler output);
+            emitted as given (the CPU op checks ``0 <= id < V`` for real requests).
+        exponentials: ``[B, V]`` fp32 ``Exp(1)`` draws, one row per request (vLLM's ``q``); unit
+            stride along V.
         max_num_draft_tokens: output width minus one; default: max draft count (host sync).
         return_accepted_per_position: also return ``[B, max_n]`` bool, ``j < num_accepted``.
         out: preallocated outputs, fully overwritten (never accumulated).
@@ -465,8 +498,9 @@ def verify_chain(
     Raises:
         RuntimeError: shape/dtype/device mismatch (naming the argument); on CPU also
             inconsistent ``cu_num_draft_tokens`` (decreasing, not ending at T), more drafts than
-            ``max_n``, a negative/non-finite temperature, ``top_k < 0`` or ``top_p`` outside
-            (0, 1]. The CUDA op clamps instead (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
+            ``max_n``, a negative/non-finite temperature, ``top_k < 0``, ``top_p`` outside
+            (0, 1] or a ``bonus_token_ids`` entry outside ``[0, V)``. The CUDA op clamps instead
+            (set ``PEAGLE_DEBUG_CHECKS=1`` to validate).
     """
     b = cu_num_draft_tokens.shape[0]
     if out is None:
@@ -489,7 +523,7 @@ def verify_chain(
     args = [
         target_logits, draft_token_ids, cu_num_draft_tokens, temperature, seeds, offsets,
         out.output_token_ids, out.num_accepted, top_k, top_p, draft_probs, uniforms,
-        request_mask, out.accepted_per_position,
+        request_mask, out.accepted_per_position, bonus_token_ids, exponentials,
     ]  # fmt: skip
     _debug_check_on_cpu(_ops.verify_chain.default, args)
     _ops.verify_chain.default(*args)

@@ -7,11 +7,15 @@ numbers as in the kernels). All random draws are explicit inputs:
 
 * ``uniforms`` [T] float64 — one acceptance draw per draft;
 * ``gumbel_recovered`` [B, V] and ``gumbel_bonus`` [B, V] — Gumbel noise rows per request for the
-  recovered token (first rejected position) and for the bonus token.
+  recovered token (first rejected position) and for the bonus token;
+* optionally ``exponentials`` [B, V] — vLLM's exponential race for the recovered token
+  (``argmax residual / E``) instead of the Gumbel noise, and ``bonus_token_ids`` [B] — the bonus
+  token given instead of sampled (greedy requests too).
 
 Besides the outputs it returns ``margin`` [B] float64: the smallest distance of any decision the
 request made from flipping (|u - p/q| for acceptance tests, the gap between the best and the
-second-best Gumbel score for sampled tokens; +inf for greedy requests). Float rounding in the
+second-best Gumbel score for sampled tokens, the log of the ratio of the best and second-best
+``residual / E`` in the exponential race; +inf for greedy requests). Float rounding in the
 kernels may legitimately flip a decision only where this margin is tiny.
 """
 
@@ -80,6 +84,23 @@ def _gumbel_argmax(values: torch.Tensor) -> tuple[int | None, float]:
     return idx, gap if math.isfinite(gap) else math.inf
 
 
+def _exponential_race(residual: torch.Tensor, e_row: torch.Tensor) -> tuple[int | None, float]:
+    """First-index argmax of ``residual / E`` over ``residual > 0`` (None if there is none) and the
+    log-ratio gap between the best and second-best candidate."""
+    pos = residual > 0
+    if not pos.any():
+        return None, math.inf
+    ratio = torch.where(pos, residual / e_row, torch.full_like(residual, -math.inf))
+    idx = int(torch.argmax(ratio))
+    vals = ratio[pos]
+    if vals.numel() < 2:
+        return idx, math.inf
+    top2 = torch.topk(vals, 2).values
+    if not (top2[1] > 0 and math.isfinite(float(top2[0]))):
+        return idx, math.inf
+    return idx, float(torch.log(top2[0] / top2[1]))
+
+
 def verify_chain_reference(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -94,6 +115,8 @@ def verify_chain_reference(
     draft_probs: torch.Tensor | None = None,
     request_mask: torch.Tensor | None = None,
     max_num_draft_tokens: int | None = None,
+    exponentials: torch.Tensor | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
 ) -> ReferenceOutput:
     logits = target_logits.detach().cpu()
     drafts = draft_token_ids.cpu().tolist()
@@ -106,6 +129,8 @@ def verify_chain_reference(
     ps = top_p.cpu().tolist() if top_p is not None else [1.0] * len(cu)
     q_all = draft_probs.cpu().to(torch.float64) if draft_probs is not None else None
     mask = request_mask.cpu().tolist() if request_mask is not None else [True] * len(cu)
+    e_all = exponentials.cpu().to(torch.float64) if exponentials is not None else None
+    bonus_ids = bonus_token_ids.cpu().tolist() if bonus_token_ids is not None else None
     b, v = len(cu), logits.shape[1]
     counts = [cu[i] - (cu[i - 1] if i else 0) for i in range(b)]
     max_n = max_num_draft_tokens if max_num_draft_tokens is not None else max(counts, default=0)
@@ -147,6 +172,20 @@ def verify_chain_reference(
                     emitted.append(x)
                     continue
             # Rejected: recovered token from the residual, with this request's noise row.
+            if e_all is not None:  # vLLM's exponential race, no Gumbel noise
+                if q_all is None:
+                    res = p.clone()
+                    if valid:
+                        res[x] = 0.0
+                else:
+                    res = torch.clamp(p - q_all[d0 + j], min=0.0)
+                tok, gap = _exponential_race(res, e_all[r])
+                if tok is None:
+                    tok = int(torch.argmax(torch.where(keep, s, torch.full_like(s, -math.inf))))
+                margin[r] = min(float(margin[r]), gap)
+                emitted.append(tok)
+                rejected = True
+                break
             if q_all is None:
                 cand = torch.where(keep, s, torch.full_like(s, -math.inf))
                 if valid:
@@ -164,7 +203,9 @@ def verify_chain_reference(
             emitted.append(tok)
             rejected = True
             break
-        if not rejected:
+        if not rejected and bonus_ids is not None:
+            emitted.append(int(bonus_ids[r]))
+        elif not rejected:
             bonus = logits[row0 + n]
             if greedy:
                 emitted.append(int(torch.argmax(torch.nan_to_num(bonus.double(), nan=-math.inf))))

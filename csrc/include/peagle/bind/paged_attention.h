@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -164,8 +165,10 @@ inline BoundPagedAttention bind_paged_attention(
                 "peagle: paged_attention on CUDA needs out 4-byte aligned with "
                 "even strides, got strides ",
                 c10::str(out.strides()));
-    TORCH_CHECK(hkv <= 65535,
-                "peagle: paged_attention on CUDA supports at most 65535 KV heads, got ", hkv);
+    // One CTA per (request, KV head, split) at least: a 1-D grid < 2^31.
+    TORCH_CHECK(b * hkv * std::max<int64_t>(num_splits, 1) <= kPagedAttentionGridLimit,
+                "peagle: paged_attention on CUDA needs B * Hkv * num_splits < 2^31 - 64, got B=", b,
+                " Hkv=", hkv, " num_splits=", num_splits);
     for (auto* c : {&key_cache, &value_cache}) {
       for (int64_t i = 0; i < 3; ++i) {
         TORCH_CHECK(c->stride(i) >= 0 && c->stride(i) <= INT32_MAX,

@@ -34,7 +34,9 @@ inline BoundVerifyChain bind_verify_chain(
     const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
     const c10::optional<at::Tensor>& draft_probs, const c10::optional<at::Tensor>& uniforms,
     const c10::optional<at::Tensor>& request_mask,
-    const c10::optional<at::Tensor>& accepted_per_position) {
+    const c10::optional<at::Tensor>& accepted_per_position,
+    const c10::optional<at::Tensor>& bonus_token_ids,
+    const c10::optional<at::Tensor>& exponentials) {
   BoundVerifyChain bound;
   auto& p = bound.params;
   auto in = [&](const at::Tensor& t) -> at::Tensor {
@@ -100,6 +102,17 @@ inline BoundVerifyChain bind_verify_chain(
     check_dtype(*uniforms, "uniforms", at::kDouble);
     check_shape(*uniforms, "uniforms", {t});
   }
+  if (bonus_token_ids) {
+    check_dtype(*bonus_token_ids, "bonus_token_ids", at::kInt);
+    check_shape(*bonus_token_ids, "bonus_token_ids", {b});
+  }
+  if (exponentials) {
+    check_dtype(*exponentials, "exponentials", at::kFloat);
+    check_shape(*exponentials, "exponentials", {b, v});
+    TORCH_CHECK(exponentials->stride(1) == 1 || v == 1,
+                "peagle: exponentials must have unit stride along the vocabulary, got strides ",
+                c10::str(exponentials->strides()));
+  }
 
   // Outputs.
   check_dtype(output_token_ids, "output_token_ids", at::kInt);
@@ -133,6 +146,8 @@ inline BoundVerifyChain bind_verify_chain(
   if (draft_probs) check_device(*draft_probs, "draft_probs", target_logits, ref);
   if (uniforms) check_device(*uniforms, "uniforms", target_logits, ref);
   if (request_mask) check_device(*request_mask, "request_mask", target_logits, ref);
+  if (bonus_token_ids) check_device(*bonus_token_ids, "bonus_token_ids", target_logits, ref);
+  if (exponentials) check_device(*exponentials, "exponentials", target_logits, ref);
   if (accepted_per_position) {
     check_device(*accepted_per_position, "accepted_per_position", target_logits, ref);
   }
@@ -157,6 +172,11 @@ inline BoundVerifyChain bind_verify_chain(
   }
   p.uniforms = uniforms ? in(*uniforms).data_ptr<double>() : nullptr;
   p.request_mask = request_mask ? in(*request_mask).data_ptr<bool>() : nullptr;
+  p.bonus_token_ids = bonus_token_ids ? in(*bonus_token_ids).data_ptr<int32_t>() : nullptr;
+  if (exponentials) {
+    p.exponentials = exponentials->data_ptr<float>();
+    p.exponentials_row_stride = exponentials->stride(0);
+  }
   p.output_token_ids = output_token_ids.data_ptr<int32_t>();
   p.max_num_draft_tokens = static_cast<int32_t>(max_n);
   p.num_accepted = num_accepted.data_ptr<int32_t>();

@@ -59,11 +59,13 @@ struct PagedAttentionParams {
   int32_t num_splits = 0;     // 0: chosen on the device; > 0: fixed
   AttnDtype dtype = AttnDtype::kBFloat16;
   // CUDA only: split-KV workspace (fp32 partial outputs [max_splits, T, Hq, D] and their lse
-  // [max_splits, T, Hq]) and the device's SM count; set by the glue from plan_paged_attention.
+  // [max_splits, T, Hq], lse in the log2 domain), the device's SM count and compute capability
+  // (major * 10 + minor); set by the glue (workspace from plan_paged_attention).
   float* ws_out = nullptr;
   float* ws_lse = nullptr;
   int32_t max_splits = 1;
   int32_t num_sms = 0;
+  int32_t arch = 0;
 };
 
 // Query rows and KV length of request r, clamped so that no access leaves its array (the CPU op
@@ -97,6 +99,9 @@ PEAGLE_HD int64_t attn_row_key_lo(int32_t kv_len, int32_t q_len, int64_t i, int3
   return lo > 0 ? lo : 0;
 }
 
+// CUDA: B * Hkv * num_splits must not exceed this (1-D grid of the main kernel, < 2^31).
+constexpr int64_t kPagedAttentionGridLimit = INT32_MAX - 64;
+
 // Keys a request may address through its block table: max_blocks_per_seq * block_size.
 PEAGLE_HD int64_t attn_key_capacity(const PagedAttentionParams& p) {
   return static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
@@ -109,12 +114,18 @@ PEAGLE_HD int64_t attn_key_capacity(const PagedAttentionParams& p) {
 namespace peagle {
 
 // Launch configuration chosen on the host from host-known sizes only (B, Hkv, Hq/Hkv, head_dim,
-// max_query_len hint, SM count): never from device data, so it is CUDA-graph safe.
+// max_query_len hint, SM count, compute capability, PEAGLE_ATTN_IMPL): never from device data,
+// so it is CUDA-graph safe. The kernel variant (impl, block_m, block_n) never depends on the
+// max_query_len hint, so a fixed num_splits gives bit-identical results for any hint.
 struct PagedAttentionPlan {
   int32_t block_m = 0;           // packed (query row x head) rows per CTA tile
+  int32_t block_n = 64;          // keys per KV tile
+  int32_t impl = 0;              // tensor-core path: 0 mma.sync (portable), 1 wgmma (sm_90a)
   int32_t q_tile_ctas = 0;       // CTAs along the packed-row axis per (request, KV head)
   int32_t max_splits = 1;        // CTAs along the KV axis per (request, KV head, q tile)
   bool needs_workspace = false;  // max_splits > 1: allocate ws_out / ws_lse
+  int32_t inert_ctas = 1;        // trailing CTAs that write the rows outside every request
+  int64_t grid_ctas = 0;         // CTAs of the main kernel: B * Hkv * q_tiles * splits + inert
 };
 
 // Fills the plan; p.num_sms must be set. Never fails (unsupported shapes are rejected by the

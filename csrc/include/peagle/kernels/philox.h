@@ -119,7 +119,8 @@ PEAGLE_HD void gumbel4(int64_t seed, int64_t offset, uint32_t i, uint32_t stream
 // Gumbel noise of vocabulary entry v alone (v / 4 selects the counter, v % 4 the word).
 PEAGLE_HD float gumbel_at(int64_t seed, int64_t offset, int64_t v, uint32_t stream) {
   const Philox4 w = philox_draw(seed, offset, static_cast<uint32_t>(v >> 2), stream);
-  return gumbel_from_bits(w.x[v & 3]);
+  const int k = static_cast<int>(v & 3);  // selects, not an indexed load (no local memory)
+  return gumbel_from_bits(k == 0 ? w.x[0] : (k == 1 ? w.x[1] : (k == 2 ? w.x[2] : w.x[3])));
 }
 
 }  // namespace peagle

@@ -22,10 +22,22 @@
 //   Recovered token (first rejected position only): without draft_probs the argmax over kept
 //   v != x of s_v + g_v; with draft_probs the argmax over v of logf(r_v) + g_v for
 //   r_v = p_v - q_v > 0 (p_v = e_v / Z in float32). g = Gumbel noise of stream 1 (index v / 4,
-//   word v % 4). Bonus token (all accepted): argmax over kept v of s_v + g_v on the bonus row,
-//   stream 2. Ties go to the lowest index; values of -inf never win; with no candidate at all
-//   the first-index argmax of s is used (index 0 if no score is finite). Results are always in
-//   [0, V).
+//   word v % 4). With `exponentials` (vLLM 0.28's exponential race and rounding): the argmax
+//   over v of r_v * (1 / E[r, v]) (float32) among r_v > 0, where r_v = p_v for kept v != x
+//   without draft_probs and max(p_v - q_v, 0) with them (p_v = e_v / Z in float32); no noise.
+//   Bonus token (all accepted): bonus_token_ids[r] if given (greedy and random requests; the
+//   bonus row is then never read and the id is copied as is), else for random requests the
+//   argmax over kept v of s_v + g_v on the bonus row, stream 2, and for greedy ones the
+//   first-index argmax of the bonus row. Ties go to the lowest index; values of -inf and NaN never
+//   win; with no candidate at all the first-index argmax of s is used (index 0 if no score is
+//   finite). Sampled results are always in [0, V).
+//
+// Rounding (the only CPU/CUDA differences; greedy rows are exact): the CPU op sums the weights
+// e_v = expf(s_v - m) in fp64. The CUDA kernels sum 2^(s_v log2 e - m log2 e) (one FFMA + one
+// MUFU.EX2, relative error ~1e-7 per term) in fp32 for Z, and in 2^-32 fixed point (integers,
+// order-independent) for top-p masses and the kept mass of filtered rows; p(x) = expf(s_x - m) / Z
+// with precise expf on both. A decision can differ only when it is within ~1e-6 (relative) of
+// flipping. Every CUDA reduction runs in a fixed order, so results are bit-identical run to run.
 //
 // Outputs are overwritten every call: output_token_ids[r] = emitted tokens then -1,
 // num_accepted[r] = accepted drafts (a real request emits num_accepted + 1 tokens),
@@ -62,6 +74,9 @@ struct VerifyChainParams {
   int64_t draft_probs_row_stride = 0;            // elements between rows
   const double* uniforms = nullptr;              // [T] or null (Philox)
   const bool* request_mask = nullptr;            // [B] or null (all real)
+  const int32_t* bonus_token_ids = nullptr;      // [B] or null (bonus sampled from the bonus row)
+  const float* exponentials = nullptr;           // [B, V] or null (recovered token by Gumbel-max)
+  int64_t exponentials_row_stride = 0;           // elements between rows
   // Outputs.
   int32_t* output_token_ids = nullptr;    // [B, max_num_draft_tokens + 1], contiguous
   int32_t max_num_draft_tokens = 0;       // max_n

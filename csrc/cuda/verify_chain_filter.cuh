@@ -1,0 +1,372 @@
+// verify_chain kernel 2 (only with top_k / top_p tensors), row_filter (torch-free; included by
+// verify_chain.cu only): the kept-set threshold key and kept mass of every filtered row.
+//
+// The kept set is {v : score_key(s_v) >= tau}. Instead of radix passes over the whole row, every
+// row is read once (split over nsplit CTAs) and only candidates are collected: keys at or above a
+// bound t that provably contains the kept set:
+//   top-k: t = max over splits of row_stats' bound (the k-th largest per-thread maximum of a
+//          split): at least k scores are >= t, so the k-th largest score is >= t;
+//   top-p only: t = m - D with D = ln(V / ((1 - top_p) Z)) + 0.05: the scores below t carry at
+//          most (1 - top_p) of the mass, so the top-p cut lies at or above t.
+// The last CTA of a row (arrival counter) selects exactly among the <= cand_cap candidate keys in
+// shared memory (radix select: counts for top-k, 2^-32 fixed-point masses for top-p), and falls
+// back to radix passes over the whole row when the candidates overflow or the top-p cut might lie
+// below them. Masses are integers, so every sum is order-independent and the result
+// deterministic.
+#pragma once
+#include "verify_chain_common.cuh"
+
+namespace peagle {
+namespace {
+
+constexpr int kHistBins = 2048;  // 11-bit radix digits
+
+struct FilterSmem {
+  uint32_t keys[kCandCap];  // this CTA's candidates, then the row's candidates (last CTA)
+  uint32_t cnt[kHistBins];
+  unsigned long long mass[kHistBins];
+  unsigned long long tmp[kWarps];
+  unsigned long long above;
+  uint32_t n;     // candidates appended by this CTA
+  uint32_t base;  // where this CTA's candidates go in the row's buffer
+  int32_t digit;
+  int32_t last;  // this CTA is the row's last arrival
+};
+
+// Enumerates (key, score) over the candidate keys in shared memory.
+struct SmemKeys {
+  const uint32_t* keys;
+  int32_t n;
+  template <typename F>
+  __device__ __forceinline__ void operator()(F&& f) const {
+    for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t k = keys[i];
+      f(k, key_to_float(k));
+    }
+  }
+};
+
+// Enumerates (key, score) over a whole logits row (the fallback).
+template <LogitsDtype D>
+struct RowKeys {
+  const char* rp;
+  int32_t vocab;
+  float inv_t;
+  template <typename F>
+  __device__ __forceinline__ void operator()(F&& f) const {
+    stream_split<D>(rp, vocab, 0, 1, [&](int32_t, const float* x, auto cnt) {
+      constexpr int kN = decltype(cnt)::value;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const float s = score_of(x[k], inv_t);
+        f(score_key(s), s);
+      }
+    });
+  }
+};
+
+__device__ __forceinline__ unsigned long long block_sum(unsigned long long x, FilterSmem& sm) {
+  unsigned long long total;
+  block_exclusive_scan(x, sm.tmp, &total);
+  return total;
+}
+
+// Warp 0 finds a digit in a 2^bits-bin histogram scanned from the top. Count mode (top-k): the
+// digit holding the `rank`-th largest element (rank >= 1). Mass mode (top-p): the lowest
+// non-empty digit whose top element has (above + mass of higher digits) < target. Returns the
+// digit (-1 if none) and, via *above_out, the count/mass of the higher digits.
+template <bool kMass>
+__device__ void find_digit(const uint32_t* cnt, const unsigned long long* mass, int bins,
+                           unsigned long long rank, double target, unsigned long long above,
+                           int* digit_out, unsigned long long* above_out) {
+  const int lane = threadIdx.x % kWarp;
+  const int per = bins / kWarp;
+  const int lo = lane * per;
+  unsigned long long mine = 0;
+  for (int b = lo; b < lo + per; ++b) mine += kMass ? mass[b] : cnt[b];
+  unsigned long long higher = 0;  // count/mass of the higher lanes' bins
+  for (int l = 0; l < kWarp; ++l) {
+    const unsigned long long x = __shfl_sync(0xffffffffu, mine, l);
+    if (l > lane) higher += x;
+  }
+  int found = -1;
+  unsigned long long found_above = 0;
+  unsigned long long cum = higher;
+  for (int b = lo + per - 1; b >= lo; --b) {
+    const unsigned long long c = kMass ? mass[b] : cnt[b];
+    if (kMass) {
+      if (cnt[b] > 0 && static_cast<double>(above + cum) < target) {
+        found = b;  // keep descending: the lowest such digit
+        found_above = cum;
+      }
+    } else if (found < 0 && cum < rank && rank <= cum + c) {
+      found = b;
+      found_above = cum;
+    }
+    cum += c;
+  }
+  // Count mode: one lane finds the digit. Mass mode: the lowest digit found wins.
+  int best = found < 0 ? 0x7fffffff : found;
+  for (int d = kWarp / 2; d > 0; d >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, d));
+  const unsigned won = __ballot_sync(0xffffffffu, found == best && found >= 0);
+  const int src = won ? __ffs(static_cast<int>(won)) - 1 : 0;
+  found_above = __shfl_sync(0xffffffffu, found_above, src);
+  *digit_out = best == 0x7fffffff ? -1 : best;
+  *above_out = found_above;
+}
+
+// Radix digits, most significant first: shifts 21, 10, 0 with 11, 11, 10 bits.
+__device__ __forceinline__ int radix_shift(int level) {
+  return level == 0 ? 21 : (level == 1 ? 10 : 0);
+}
+__device__ __forceinline__ int radix_bins(int level) {
+  return level == 2 ? 1024 : 2048;
+}
+
+// Top-k threshold: a key `kk` with exactly the elements of key >= the rank-th largest key at or
+// above it (every element of the last refined bucket is kept), rank >= 1. Whole CTA.
+template <typename Enum>
+__device__ uint32_t radix_kth_key(const Enum& en, uint32_t rank, FilterSmem& sm) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  uint32_t prefix = 0, pmask = 0;
+  unsigned long long left = rank;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = radix_shift(level), bins = radix_bins(level);
+    const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+    for (int b = threadIdx.x; b < bins; b += kThreads) sm.cnt[b] = 0;
+    __syncthreads();
+    en([&](uint32_t key, float) {
+      if ((key & pmask) == prefix) atomicAdd(&sm.cnt[(key >> shift) & dmask], 1u);
+    });
+    __syncthreads();
+    if (warp == 0) {
+      int digit;
+      unsigned long long above;
+      find_digit<false>(sm.cnt, nullptr, bins, left, 0.0, 0, &digit, &above);
+      if (lane == 0) {
+        sm.digit = digit < 0 ? 0 : digit;  // cannot happen: 1 <= rank <= elements
+        sm.above = above;
+      }
+    }
+    __syncthreads();
+    const uint32_t d = static_cast<uint32_t>(sm.digit);
+    left -= sm.above;
+    prefix |= d << shift;
+    pmask |= dmask << shift;
+    const bool whole_bucket = sm.cnt[d] == left;  // every element of the bucket is kept
+    __syncthreads();
+    if (whole_bucket) break;
+  }
+  return prefix;
+}
+
+// Top-p threshold among the elements with key >= kk: the key of the lowest kept group (a group is
+// kept iff the mass of strictly greater keys is < target; the top group always is) and, in
+// *z_out, the mass at or above it. target < 0: top_p times the mass at or above kk (computed on
+// the first level). Whole CTA.
+template <typename Enum>
+__device__ void radix_top_p(const Enum& en, uint32_t kk, float ml, float top_p, double target,
+                            FilterSmem& sm, uint32_t* key_out, unsigned long long* z_out) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  uint32_t prefix = 0, pmask = 0;
+  unsigned long long above = 0, z_fixed = 0;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = radix_shift(level), bins = radix_bins(level);
+    const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+    for (int b = threadIdx.x; b < bins; b += kThreads) {
+      sm.cnt[b] = 0;
+      sm.mass[b] = 0;
+    }
+    __syncthreads();
+    en([&](uint32_t key, float s) {
+      if (key >= kk && (key & pmask) == prefix) {
+        const uint32_t d = (key >> shift) & dmask;
+        atomicAdd(&sm.cnt[d], 1u);
+        const unsigned long long w = fixed_mass(fast_weight(s, ml));
+        if (w) atomicAdd(&sm.mass[d], w);
+      }
+    });
+    __syncthreads();
+    if (level == 0 && target < 0.0) {
+      unsigned long long t = 0;
+      for (int b = threadIdx.x; b < bins; b += kThreads) t += sm.mass[b];
+      target = static_cast<double>(top_p) * static_cast<double>(block_sum(t, sm));
+    }
+    if (warp == 0) {
+      int digit;
+      unsigned long long higher;
+      find_digit<true>(sm.cnt, sm.mass, bins, 0, target, above, &digit, &higher);
+      if (lane == 0) {
+        sm.digit = digit < 0 ? bins - 1 : digit;  // -1 only without elements: keep everything
+        sm.above = higher;
+      }
+    }
+    __syncthreads();
+    const uint32_t d = static_cast<uint32_t>(sm.digit);
+    above += sm.above;
+    prefix |= d << shift;
+    pmask |= dmask << shift;
+    const bool single = sm.cnt[d] <= 1;
+    z_fixed = above + sm.mass[d];
+    __syncthreads();
+    if (single) break;
+  }
+  *key_out = prefix > kk ? prefix : kk;
+  *z_out = z_fixed;
+}
+
+// Mass of the enumerated elements with key >= kk. Whole CTA.
+template <typename Enum>
+__device__ unsigned long long kept_mass(const Enum& en, uint32_t kk, float ml, FilterSmem& sm) {
+  unsigned long long t = 0;
+  en([&](uint32_t key, float s) {
+    if (key >= kk) t += fixed_mass(fast_weight(s, ml));
+  });
+  return block_sum(t, sm);
+}
+
+// Exact threshold of one row from an enumerator (candidates or the whole row). Returns false when
+// the candidates cannot decide (only for top-p without top-k: the cut might lie below them).
+template <typename Enum>
+__device__ bool select_threshold(const Enum& en, int64_t num_elems, bool complete, int32_t top_k,
+                                 float top_p, int32_t vocab, float ml, float zf, FilterSmem& sm,
+                                 uint32_t* key_out, unsigned long long* z_out) {
+  const bool topk = top_k_active(top_k, vocab), topp = top_p_active(top_p);
+  uint32_t kk = 0;
+  if (topk) kk = radix_kth_key(en, static_cast<uint32_t>(top_k), sm);
+  if (!topp) {
+    *key_out = kk;
+    *z_out = kept_mass(en, kk, ml, sm);
+    return true;
+  }
+  double target = -1.0;  // top-k kept mass times top_p, computed by radix_top_p
+  if (!topk && !complete) {
+    // top_p * Z from row_stats' normaliser; the candidates decide iff they hold >= target (then
+    // the first non-candidate has mass >= target above it and is cut).
+    target = static_cast<double>(top_p) * static_cast<double>(zf) * kMassScale;
+    if (static_cast<double>(kept_mass(en, 0, ml, sm)) < target && num_elems < vocab) return false;
+  }
+  radix_top_p(en, kk, ml, top_p, target, sm, key_out, z_out);
+  return true;
+}
+
+template <LogitsDtype D>
+__global__ void __launch_bounds__(kThreads, 3)
+    row_filter_kernel(const VerifyChainParams p, const Workspace ws) {
+  pdl_launch_dependents();
+  __shared__ FilterSmem sm;
+  __shared__ RowInfo s_info;
+  __shared__ RowMerge s_row;
+  const int split = blockIdx.x, nsplit = ws.nsplit;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  bool waited = false;
+  for (int64_t row = blockIdx.y; row < p.num_rows; row += gridDim.y) {
+    if (warp == 0) {
+      const RowInfo info = row_info(p, row);  // inputs only: before the wait on row_stats
+      if (lane == 0) s_info = info;
+    }
+    if (!waited) {
+      pdl_wait();  // row_stats' partials and zeroed counters
+      waited = true;
+    }
+    __syncthreads();
+    const RowInfo info = s_info;
+    if (info.mode == kRowFiltered) {
+      if (warp == 0) {
+        const RowMerge rm = warp_merge_row(ws.parts, nsplit, row);
+        if (lane == 0) {
+          s_row = rm;
+          sm.n = 0;
+        }
+      }
+      __syncthreads();
+      const RowMerge rm = s_row;
+      const float m = rm.idx < 0 ? -INFINITY : rm.m;
+      const float ml = m * kLog2e;
+      float t;  // candidate bound (score)
+      if (top_k_active(info.top_k, p.vocab_size)) {
+        t = rm.bound;
+      } else {
+        const float denom = (1.0f - info.top_p) * rm.z;
+        t = denom > 0.0f ? m - (logf(static_cast<float>(p.vocab_size) / denom) + 0.05f) : -INFINITY;
+      }
+      if (!(t > -INFINITY)) t = -INFINITY;   // NaN-safe
+      const bool complete = t == -INFINITY;  // every element is a candidate
+      const uint32_t key_t = score_key(t);
+      const char* rp = row_ptr(p, row, Elem<D>::kSize);
+      const float inv_t = info.inv_t;
+      // Candidate iff score_key(score_of(x)) >= key_t, i.e. s >= t as floats (-0 == +0; a NaN
+      // score is -inf, a candidate only when t = -inf). Keys are computed for candidates only.
+      stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t, const float* x, auto cnt) {
+        constexpr int kN = decltype(cnt)::value;
+        float s[kN];
+        uint32_t c = 0;
+#pragma unroll
+        for (int k = 0; k < kN; ++k) {
+          s[k] = x[k] * inv_t;
+          c += complete || s[k] >= t;
+        }
+        if (c > 0) {  // rare: one shared atomic per thread and vector
+          uint32_t pos = atomicAdd(&sm.n, c);
+#pragma unroll
+          for (int k = 0; k < kN; ++k) {
+            if (complete || s[k] >= t) {
+              if (pos < kCandCap) sm.keys[pos] = score_key(sanitize_score(s[k]));
+              ++pos;
+            }
+          }
+        }
+      });
+      __syncthreads();
+      const uint32_t n = sm.n;
+      if (threadIdx.x == 0) sm.base = atomicAdd(ws.cand_count + row, n);  // total may exceed cap
+      __syncthreads();
+      const uint32_t base = sm.base;
+      const uint32_t cap = static_cast<uint32_t>(ws.cand_cap);  // <= kCandCap
+      uint32_t* dst = ws.cand_keys + row * cap;
+      for (uint32_t i = threadIdx.x; i < n && i < cap && base + i < cap; i += kThreads) {
+        dst[base + i] = sm.keys[i];
+      }
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) sm.last = atomicAdd(ws.filter_arrivals + row, 1u) == nsplit - 1u;
+      __syncthreads();
+      if (sm.last) {
+        __threadfence();
+        const uint32_t total = __ldcg(ws.cand_count + row);
+        uint32_t key = 0;
+        unsigned long long z = 0;
+        // (Fewer than k candidates cannot happen with a valid bound; fall back all the same.)
+        bool ok = total <= cap && !(top_k_active(info.top_k, p.vocab_size) &&
+                                    total < static_cast<uint32_t>(info.top_k));
+        if (ok) {
+          for (uint32_t i = threadIdx.x; i < total; i += kThreads) sm.keys[i] = __ldcg(dst + i);
+          __syncthreads();
+          ok = select_threshold(SmemKeys{sm.keys, static_cast<int32_t>(total)}, total, complete,
+                                info.top_k, info.top_p, p.vocab_size, ml, rm.z, sm, &key, &z);
+          // The radix may stop at a bucket prefix below the exact threshold (no candidate lies in
+          // between); non-candidates there must stay cut. The exact threshold is >= key_t.
+          if (key < key_t) key = key_t;
+        }
+        if (!ok) {  // radix passes over the whole row
+          __syncthreads();
+          select_threshold(RowKeys<D>{rp, p.vocab_size, inv_t}, p.vocab_size, true, info.top_k,
+                           info.top_p, p.vocab_size, ml, rm.z, sm, &key, &z);
+        }
+        if (threadIdx.x == 0) {
+          RowStats st;
+          st.m = m;
+          st.key = key;
+          st.z = static_cast<double>(z) / kMassScale;
+          st.first_max = rm.idx < 0 ? 0 : rm.idx;
+          ws.stats[row] = st;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (!waited) pdl_wait();
+}
+
+}  // namespace
+}  // namespace peagle
