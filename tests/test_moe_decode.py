@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from moe_models import KINDS, make_moe_target
+from moe_models import KINDS, make_moe_target, quantize_experts_to_mxfp4
 from test_decode import PROMPTS, N, hf_greedy
 from tiny_models import VOCAB, drafter_config_dict, make_drafter
 
@@ -203,3 +203,39 @@ def test_trained_peagle_head_decodes_gpt_oss_target(gen):
         rates.append(sum(o.stats.num_accepted_tokens for o in outs) / drafted)
     print(f"\ntrained P-EAGLE head: {rates[0]:.2f} of drafts accepted (at init: {rates[1]:.2f})")
     assert rates[0] > 0.4 and rates[0] > rates[1] + 0.3
+
+
+# ---------------------------------------------------------------------------------------------
+# peagle generate with an MXFP4 GPT-OSS checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+def test_generate_cli_with_mxfp4_gpt_oss(tmp_path, capsys):
+    """``peagle generate`` on a saved tiny GPT-OSS whose experts are MXFP4: the memory message
+    goes to stderr, the experts are dequantized, and P-EAGLE's greedy text equals transformers'
+    greedy continuation of the same dequantized checkpoint."""
+    from tiny_models import make_tokenizer, word
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from peagle.cli import main
+
+    model, g = make_moe_target("gpt_oss", seed=1)
+    tdir, ddir = tmp_path / "target", tmp_path / "drafter"
+    model.save_pretrained(tdir)
+    make_tokenizer().save_pretrained(tdir)
+    make_drafter(model, g).save_pretrained(ddir)
+    quantize_experts_to_mxfp4(tdir, torch.Generator().manual_seed(3))
+    ref_model = AutoModelForCausalLM.from_pretrained(
+        tdir, dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True)
+    )
+    prompt = [5, 7, 9, 11]
+    ids = hf_greedy(ref_model, prompt, 16)
+    ids = ids[: ids.index(1) + 1] if 1 in ids else ids  # the CLI stops at <eos> (id 1)
+    ref = " ".join(word(t) for t in ids if t > 1)
+    argv = ["generate", "--model", str(tdir), "--draft-model", str(ddir), "--device", "cpu"]
+    argv += ["-k", "3", "--max-new-tokens", "16", "--prompt", " ".join(word(t) for t in prompt)]
+    argv += ["--chat-template", "none", "--no-progress"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert "MXFP4 experts" in cap.err and "dequantizing the experts" in cap.err
+    assert cap.out.strip() == ref
