@@ -36,9 +36,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m = p.add_argument_group("models")
     m.add_argument(
         "--model",
-        help="target model: a Hugging Face Llama-family causal LM directory or hub id "
-        "(Llama 3, Qwen3 dense). Default: the packaged default pair, a small code model "
-        "trained on the Python standard library (docs/default-model-pair.md).",
+        help="target model: a Hugging Face causal LM directory or hub id (Llama 3, Qwen3 dense, "
+        "Qwen3-MoE, GPT-OSS; see docs/targets.md). MXFP4 checkpoints (GPT-OSS) load with "
+        "transformers' MXFP4 kernels when usable, else dequantized to bf16 with a memory "
+        "estimate printed first (PEAGLE_MXFP4=auto|dequantize|native). Default: the packaged "
+        "default pair, a small code model trained on the Python standard library "
+        "(docs/default-model-pair.md).",
     )
     m.add_argument(
         "--draft-model",
