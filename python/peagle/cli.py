@@ -1,4 +1,4 @@
-"""The ``peagle`` command line (also ``python -m peagle``): ``peagle generate``, ``peagle demo``.
+"""The ``peagle`` command line (also ``python -m peagle``): ``generate``, ``train``, ``demo``.
 
 Each subcommand lives in ``peagle.commands.<name>`` and provides ``add_parser(subparsers)`` and
 ``run(args) -> int``; add a new one by appending it to ``COMMANDS``.
@@ -11,14 +11,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ("generate", "demo")
+COMMANDS = ("generate", "train", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="peagle",
         description="P-EAGLE parallel speculative decoding on peagle's fused ops.",
-        epilog="examples: peagle generate --help; peagle demo --device cpu",
+        epilog="examples: peagle generate --help; peagle train --help; peagle demo --device cpu",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

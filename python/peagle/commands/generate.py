@@ -36,13 +36,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m = p.add_argument_group("models")
     m.add_argument(
         "--model",
-        help="target model: a Hugging Face Llama-family causal LM directory or hub id "
-        "(Llama 3, Qwen3 dense). Required for now (no packaged default pair yet).",
+        help="target model: a Hugging Face causal LM directory or hub id (Llama 3, Qwen3 dense, "
+        "Qwen3-MoE, GPT-OSS; see docs/targets.md). MXFP4 checkpoints (GPT-OSS) load with "
+        "transformers' MXFP4 kernels when usable, else dequantized to bf16 with a memory "
+        "estimate printed first (PEAGLE_MXFP4=auto|dequantize|native). Default: the packaged "
+        "default pair, a small code model trained on the Python standard library "
+        "(docs/default-model-pair.md).",
     )
     m.add_argument(
         "--draft-model",
         help="drafter checkpoint directory (config.json + model.safetensors in the P-EAGLE / "
-        "EAGLE-3 layout, e.g. amazon/*-p-eagle). Required unless --method none.",
+        "EAGLE-3 layout, e.g. amazon/*-p-eagle). Required with --model unless --method none; "
+        "without --model, the packaged pair's drafter for --method.",
     )
     m.add_argument(
         "--method",
@@ -231,10 +236,18 @@ def eos_ids(tokenizer, target) -> list[int]:
 
 def _check_args(args) -> None:
     if not args.model:
-        raise SystemExit(
-            "peagle generate: --model is required (peagle has no packaged default model pair "
-            "yet): pass a target model directory or hub id"
-        )
+        from peagle import default_models
+
+        if not default_models.available():
+            raise SystemExit(
+                "peagle generate: --model is required (this build has no packaged default model "
+                "pair): pass a target model directory or hub id"
+            )
+        # The packaged pair: a small code model trained on the Python standard library and its
+        # drafters (docs/default-model-pair.md); loads with no network.
+        args.model = str(default_models.target_dir())
+        if args.method != "none" and not args.draft_model:
+            args.draft_model = str(default_models.drafter_dir(args.method))
     if args.method != "none" and not args.draft_model:
         raise SystemExit(
             f"peagle generate: --method {args.method} needs --draft-model (a P-EAGLE / EAGLE-3 "

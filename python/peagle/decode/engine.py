@@ -98,8 +98,9 @@ class SpecDecoder:
             70% of the free device memory on CUDA, 1 GiB on CPU).
         eos_token_ids: ids that end a request (unless its ``ignore_eos``).
         cuda_graphs: ``"auto"`` (capture uniform decode steps in CUDA graphs on CUDA, eager on
-            CPU), ``"on"``, ``"off"``, or ``"emulate"`` (the graphs' padded static-buffer path
-            run eagerly, any device: for tests).
+            CPU or when the target's ``cuda_graph_blocker`` names a reason, e.g. MoE experts
+            that sync with the host), ``"on"``, ``"off"``, or ``"emulate"`` (the graphs' padded
+            static-buffer path run eagerly, any device: for tests).
 
     Raises:
         ValueError: unknown method, missing drafter, drafter/target mismatch, a checkpoint that
@@ -187,6 +188,11 @@ class SpecDecoder:
             raise ValueError(f"cuda_graphs must be auto/on/off/emulate, got {cuda_graphs!r}")
         if cuda_graphs == "on" and self.device.type != "cuda":
             raise ValueError("cuda_graphs='on' needs a CUDA target")
+        blocker = getattr(target, "cuda_graph_blocker", None)
+        if cuda_graphs == "on" and blocker is not None:
+            raise ValueError(f"cuda_graphs='on' cannot capture this target: {blocker}")
+        if cuda_graphs == "auto" and blocker is not None:
+            cuda_graphs = "off"  # e.g. MoE experts that sync with the host: run eagerly
         self.graphs = None
         if cuda_graphs == "emulate" or (cuda_graphs != "off" and self.device.type == "cuda"):
             from peagle.decode.cuda_graphs import DecodeGraphs

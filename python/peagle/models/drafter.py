@@ -170,6 +170,8 @@ class Eagle3Drafter(nn.Module):
                 f"vocabulary mismatch: the drafter's vocab_size is {cfg.vocab_size}, the target's "
                 f"lm_head has {target_vocab_size} rows"
             )
+        if self.d2t.device.type == "meta":  # shapes only (a checkpoint checked on meta)
+            return
         targets = torch.arange(cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
         if cfg.draft_vocab_size and (targets.min() < 0 or targets.max() >= target_vocab_size):
             raise ValueError(
@@ -313,6 +315,9 @@ class Eagle3Drafter(nn.Module):
 
         Args:
             dtype: parameter dtype (default: the checkpoint's floating dtype).
+            device: where the weights go. ``"meta"`` reads only the safetensors *headers* (names,
+                dtypes, shapes) and runs every name/shape check without reading tensor data: a
+                multi-GB release can be checked cheaply (:func:`read_safetensors_header`).
             shared_embed_tokens / shared_lm_head: the target's ``[V, H]`` embedding / lm_head
                 weight, used only when the checkpoint lacks ``embed_tokens.weight`` /
                 ``lm_head.weight`` (some autoregressive EAGLE-3 heads share them with the
@@ -328,7 +333,8 @@ class Eagle3Drafter(nn.Module):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"drafter checkpoint {path} has no config.json")
         cfg = DrafterConfig.from_json_file(path / "config.json")
-        state = _load_safetensors(path)
+        meta = torch.device(device).type == "meta"
+        state = _load_safetensors(path, meta=meta)
         if "embed_tokens.weight" not in state and shared_embed_tokens is not None:
             state["embed_tokens.weight"] = shared_embed_tokens
         if "lm_head.weight" not in state and shared_lm_head is not None:
@@ -344,14 +350,18 @@ class Eagle3Drafter(nn.Module):
                     f"{path}: no d2t tensor but draft_vocab_size {cfg.draft_vocab_size} != "
                     f"vocab_size {cfg.vocab_size}"
                 )
-            state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+            state["d2t"] = torch.zeros(
+                cfg.draft_vocab_size, dtype=torch.long, device="meta" if meta else "cpu"
+            )
         with torch.device("meta"):
             model = cls(cfg, with_mask_hidden="mask_hidden" in state, with_t2d="t2d" in state)
         expected = model.state_dict()
         for k, v in expected.items():
             # Checkpoints with q/k/v biases may lack the o_proj bias; vLLM leaves it at zero.
             if k.endswith("o_proj.bias") and k not in state:
-                state[k] = torch.zeros(v.shape, dtype=torch.float32)
+                state[k] = torch.zeros(
+                    v.shape, dtype=torch.float32, device=v.device if meta else "cpu"
+                )
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if missing or unexpected:
@@ -375,7 +385,44 @@ class Eagle3Drafter(nn.Module):
         return model.to(device).eval()
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+# safetensors header dtype names -> torch dtypes (the format's documented spellings).
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def read_safetensors_header(file: str | Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` from a safetensors file's header alone (the first 8 bytes give
+    the JSON header's length; no tensor data is read, so a header-only file works too).
+
+    Raises:
+        ValueError: not a safetensors header, or a dtype peagle does not know.
+    """
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{file}: not a safetensors file (shorter than 8 bytes)")
+        n = int.from_bytes(raw, "little")
+        if n > 100 << 20:
+            raise ValueError(f"{file}: not a safetensors file (header length {n})")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{file}: unreadable safetensors header: {e}") from e
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _ST_DTYPES:
+            raise ValueError(f"{file}: tensor {name} has unsupported dtype {info['dtype']}")
+        out[name] = (_ST_DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"]))
+    return out
+
+
+def _load_safetensors(path: Path, meta: bool = False) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint (``meta``: empty meta tensors from the headers)."""
     from safetensors.torch import load_file
 
     index = path / SAFETENSORS_INDEX_NAME
@@ -390,5 +437,9 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"drafter checkpoint {path} has no *.safetensors file")
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(load_file(str(path / name)))
+        if meta:
+            for k, (dt, shape) in read_safetensors_header(path / name).items():
+                state[k] = torch.empty(shape, dtype=dt, device="meta")
+        else:
+            state.update(load_file(str(path / name)))
     return state

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from peagle.models.drafter import Eagle3Drafter
+from peagle.models.drafter_config import DrafterConfig
 from peagle.models.target import TargetRunner
 
 
@@ -26,7 +29,16 @@ def load_model_pair(
         ValueError / FileNotFoundError: unsupported target, malformed drafter checkpoint, or a
             drafter that does not fit the target (hidden size, vocabulary).
     """
-    target = TargetRunner.from_pretrained(model, dtype=dtype, device=device)
+    # The drafter's feature layers go to the target at construction: a target whose default
+    # [2, L//2, L-3] is not strictly increasing (L < 7) is valid with the drafter's own ids.
+    aux_layer_ids = None
+    if draft_model is not None and (Path(draft_model) / "config.json").is_file():
+        aux_layer_ids = DrafterConfig.from_json_file(
+            Path(draft_model) / "config.json"
+        ).aux_layer_ids
+    target = TargetRunner.from_pretrained(
+        model, dtype=dtype, device=device, aux_layer_ids=aux_layer_ids
+    )
     if draft_model is None:
         return target, None
     drafter = Eagle3Drafter.from_pretrained(

@@ -100,12 +100,15 @@ def paged_attention_forward(
     *,
     softmax_scale: float,
     window_left: int = -1,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write this forward's K/V rows into the paged cache, then attend causally over it.
 
     Args:
         query: ``[T, Hq, D]``; key, value: ``[T, Hkv, D]`` (after RoPE for q/k).
         kv: the layer's ``(key_cache, value_cache)``.
+        window_left: keys visible to the left of each row's own (-1 = all).
+        sinks: optional ``[Hq]`` fp32 per-head sink logits (GPT-OSS).
 
     Returns:
         ``[T, Hq, D]`` attention output (rows that see no key are 0).
@@ -122,4 +125,5 @@ def paged_attention_forward(
         softmax_scale=softmax_scale,
         max_query_len=meta.max_query_len,
         window_left=window_left,
+        sinks=sinks,
     )

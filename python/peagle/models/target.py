@@ -1,18 +1,22 @@
-"""Target runner: a Hugging Face Llama-family causal LM over peagle's paged KV cache.
+"""Target runner: a Hugging Face pre-norm decoder (dense or MoE) over peagle's paged KV cache.
 
 The model is loaded by transformers (config + safetensors weights); the runner reuses its modules
-(embedding, RMSNorms, q/k/v/o projections, Qwen3's q/k norms, MLPs, rotary embedding, lm_head) and
+(embedding, RMSNorms, q/k/v/o projections, Qwen3's q/k norms, the model's own RoPE function and
+rotary module -- YaRN for GPT-OSS --, dense MLPs or MoE blocks with their routers, lm_head) and
 replaces only attention: K/V rows go into a :class:`~peagle.models.paged.PagedKVCache` with
-``peagle.write_kv_cache`` and attention runs with ``peagle.paged_attention``. One forward returns
-the logits of the requested rows (the verify rows) and the EAGLE-3 auxiliary hidden states.
+``peagle.write_kv_cache`` and attention runs with ``peagle.paged_attention``, with the layer's
+sliding window and (GPT-OSS) learned attention sinks. One forward returns the logits of the
+requested rows (the verify rows) and the EAGLE-3 auxiliary hidden states.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
 from peagle.models.paged import (
     AttentionMetadata,
@@ -21,9 +25,15 @@ from peagle.models.paged import (
     rope_cos_sin,
 )
 
-# Decoder-only models whose layers are the Llama pre-norm block (Qwen3 adds per-head q/k RMSNorm,
-# Qwen2 q/k/v biases, Mistral a sliding window); MoE and other block shapes are not supported.
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+# Decoder-only models whose layers are the pre-norm block ``x += attn(norm(x)); x += mlp(norm(x))``
+# (Qwen3 adds per-head q/k RMSNorm, Qwen2 q/k/v biases, Mistral a sliding window; Qwen3-MoE a
+# sparse MoE block; GPT-OSS an MoE block, alternating full / sliding-window layers, attention sinks
+# and YaRN RoPE). docs/targets.md lists what was tested for each.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral", "qwen3_moe", "gpt_oss")
+
+# transformers experts implementations that never sync with the host (CUDA-graph capturable);
+# "eager" loops over the experts hit by the batch (``nonzero``), which a graph cannot capture.
+_GRAPH_SAFE_EXPERTS = ("grouped_mm", "batched_mm")
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -44,14 +54,40 @@ def _check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     return ids
 
 
+def _rope_function(attn: torch.nn.Module) -> Callable:
+    """The model's own ``apply_rotary_pos_emb`` (GPT-OSS rotates halves with a ``[T, D/2]``
+    cos/sin, Llama-style models ``rotate_half`` with ``[T, D]``): looked up in the module that
+    defines the attention class, Llama's as a fallback."""
+    fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    return fn if callable(fn) else llama_rope
+
+
+def _mlp(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's feed-forward block on ``[T, H]`` rows. MoE blocks (router + experts) take
+    ``[batch, seq, H]`` and may return ``(hidden, router_scores)``; dense MLPs take any shape."""
+    y = layer.mlp(x.unsqueeze(0))
+    if isinstance(y, tuple):
+        y = y[0]
+    return y.reshape(x.shape)
+
+
+def _experts_modules(layers: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    return [e for layer in layers if (e := getattr(layer.mlp, "experts", None)) is not None]
+
+
 class TargetRunner:
-    """Runs a transformers ``*ForCausalLM`` (Llama 3, Qwen3 dense, ...) with a paged KV cache.
+    """Runs a transformers ``*ForCausalLM`` (Llama 3, Qwen3 dense / MoE, GPT-OSS, ...) with a
+    paged KV cache.
 
     Args:
         model: a loaded ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` /
-            ``MistralForCausalLM``.
+            ``MistralForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``GptOssForCausalLM``.
         aux_layer_ids: the 3 target layers whose *input* residual stream feeds the drafter
             (default ``[2, L//2, L-3]``).
+
+    Attributes:
+        window_left: per layer, the ``paged_attention`` window (-1 = full attention).
+        has_sinks: per layer, whether attention has learned sink logits (GPT-OSS).
 
     Raises:
         ValueError: unsupported model type, bad auxiliary layer ids.
@@ -62,7 +98,7 @@ class TargetRunner:
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"target model_type {cfg.model_type!r} is not supported; peagle runs "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family dense decoders)"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (pre-norm decoders, dense or MoE)"
             )
         self.model = model.eval()
         self.config = cfg
@@ -79,11 +115,14 @@ class TargetRunner:
         self.head_dim = attn0.head_dim
         self.num_kv_heads = cfg.num_key_value_heads
         self.num_heads = cfg.num_attention_heads
+        self.apply_rope = _rope_function(attn0)
         self.aux_layer_ids = _check_aux_layer_ids(
             default_aux_layer_ids(self.num_layers) if aux_layer_ids is None else aux_layer_ids,
             self.num_layers,
         )
         self.window_left = [self._window_left(i) for i in range(self.num_layers)]
+        self.has_sinks = [getattr(la.self_attn, "sinks", None) is not None for la in self.layers]
+        self.load_plan = None  # set by from_pretrained for quantized checkpoints
 
     def set_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> None:
         """Use these 3 layers' input residual streams as the drafter features (from the
@@ -91,15 +130,34 @@ class TargetRunner:
         self.aux_layer_ids = _check_aux_layer_ids(aux_layer_ids, self.num_layers)
 
     def _window_left(self, i: int) -> int:
-        # transformers' sliding window W: key k is visible to query q iff q - W < k <= q.
+        # transformers' sliding window W (masking_utils.sliding_window_overlay, and FlashAttention
+        # window_size W-1): key k is visible to query q iff q - W < k <= q, i.e. W keys including
+        # the query's own; paged_attention's window_left counts the keys to the left: W - 1.
         cfg = self.config
         window = getattr(cfg, "sliding_window", None)
+        if not window or getattr(cfg, "use_sliding_window", True) is False:
+            return -1
         layer_types = getattr(cfg, "layer_types", None)
-        if layer_types:
+        if layer_types:  # GPT-OSS (alternating), Qwen2/3 (max_window_layers)
             sliding = layer_types[i] == "sliding_attention"
-        else:
-            sliding = cfg.model_type == "mistral"
-        return int(window) - 1 if sliding and window else -1
+        else:  # Mistral, Qwen3-MoE: every layer when the config sets a window
+            sliding = True
+        return int(window) - 1 if sliding else -1
+
+    @property
+    def cuda_graph_blocker(self) -> str | None:
+        """Why a forward cannot be captured in a CUDA graph (None: it can). MoE experts must
+        run an implementation without host syncs (transformers' ``grouped_mm``/``batched_mm``)."""
+        for experts in _experts_modules(self.layers):
+            if type(experts).__name__.startswith("Mxfp4"):
+                return "the MXFP4 experts run triton kernels peagle has not validated in graphs"
+            impl = getattr(getattr(experts, "config", self.config), "_experts_implementation", None)
+            if impl not in _GRAPH_SAFE_EXPERTS:
+                return (
+                    f"the MoE experts run transformers' {impl or 'eager'!r} implementation, which "
+                    f"syncs with the host (graph-safe: {', '.join(_GRAPH_SAFE_EXPERTS)})"
+                )
+        return None
 
     @classmethod
     def from_pretrained(
@@ -109,9 +167,24 @@ class TargetRunner:
         dtype: torch.dtype | None = None,
         device: torch.device | str = "cpu",
         aux_layer_ids: Sequence[int] | None = None,
+        mxfp4: str | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> TargetRunner:
-        """Load config and weights with transformers (``AutoModelForCausalLM``)."""
+        """Load config and weights with transformers (``AutoModelForCausalLM``).
+
+        Args:
+            mxfp4: for checkpoints with MXFP4 experts (GPT-OSS): ``"auto"`` (default, or the
+                ``PEAGLE_MXFP4`` environment variable) keeps MXFP4 with transformers' kernels when
+                they are usable on ``device`` and dequantizes to bf16 otherwise, ``"dequantize"``,
+                or ``"native"`` (fail instead of dequantizing). See :mod:`peagle.models.mxfp4`.
+            log: where the memory message of a quantized checkpoint goes (default: stderr).
+
+        Raises:
+            ValueError: unsupported model type; a dequantized checkpoint larger than the device.
+        """
         from transformers import AutoConfig, AutoModelForCausalLM
+
+        from peagle.models.mxfp4 import plan_quantized_load
 
         cfg = AutoConfig.from_pretrained(path)
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -119,8 +192,19 @@ class TargetRunner:
                 f"{path}: target model_type {cfg.model_type!r} is not supported; peagle runs "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
-        return cls(model.to(device), aux_layer_ids)
+        device = torch.device(device)
+        mode = mxfp4 or os.environ.get("PEAGLE_MXFP4", "auto")
+        plan = plan_quantized_load(cfg, device=device, dtype=dtype, mode=mode, name=str(path))
+        if plan is None:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+            runner = cls(model.to(device), aux_layer_ids)
+        else:
+            log = log or _stderr
+            log(plan.message)
+            model = plan.load(str(path), log)  # CUDA: placed on the device while loading
+            runner = cls(model if device.type == "cuda" else model.to(device), aux_layer_ids)
+            runner.load_plan = plan
+        return runner
 
     @property
     def device(self) -> torch.device:
@@ -161,7 +245,9 @@ class TargetRunner:
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over head_dim before RoPE
             q = attn.q_norm(q)
             k = attn.k_norm(k)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+        q, k = self.apply_rope(q, k, cos, sin, unsqueeze_dim=1)
+        # GPT-OSS: one unscaled logit per head joins the softmax denominator (fp32 for the op).
+        sinks = attn.sinks.float() if self.has_sinks[i] else None
         o = paged_attention_forward(
             q.contiguous(),
             k.contiguous(),
@@ -170,6 +256,7 @@ class TargetRunner:
             meta,
             softmax_scale=attn.scaling,
             window_left=self.window_left[i],
+            sinks=sinks,
         )
         return attn.o_proj(o.reshape(t, -1))
 
@@ -201,8 +288,12 @@ class TargetRunner:
                 aux.append(x)
             h = layer.input_layernorm(x)
             x = x + self._attention(i, h, cos, sin, meta, kv)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + _mlp(layer, layer.post_attention_layernorm(x))
         if logits_indices is not None:
             x = x.index_select(0, logits_indices.long())
         logits = self.lm_head(self.norm(x))
         return logits, torch.cat(aux, dim=-1)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

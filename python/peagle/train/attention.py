@@ -1,0 +1,51 @@
+"""Choice of attention kernel for the training mask: FlexAttention (GPU), SDPA dense/chunked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from peagle.train.mask import (
+    ElementMeta,
+    flex_attention_masked,
+    flex_block_mask,
+    sdpa_attention,
+)
+
+ATTENTION_KINDS = ("auto", "flex", "flex-eager", "dense", "chunked")
+
+
+@dataclass
+class MaskedAttention:
+    """``kind``: ``flex`` (compiled FlexAttention, block-sparse; the GPU default), ``flex-eager``
+    (uncompiled, for tests), ``dense`` (SDPA with a ``[Q, K]`` bool mask), ``chunked`` (SDPA over
+    query chunks of ``chunk_size`` rows; the CPU default), ``auto`` (flex on CUDA, else chunked).
+    """
+
+    kind: str = "auto"
+    chunk_size: int = 1024
+    window: int | None = None
+
+    def resolved(self, device: torch.device) -> str:
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind {self.kind!r} not in {ATTENTION_KINDS}")
+        if self.kind == "auto":
+            return "flex" if device.type == "cuda" else "chunked"
+        return self.kind
+
+    def prepare(self, q_meta: ElementMeta, k_meta: ElementMeta):
+        """Per-forward state shared by all layers (the block mask for flex)."""
+        kind = self.resolved(q_meta.anchors.device)
+        if kind.startswith("flex"):
+            return kind, flex_block_mask(q_meta, k_meta, self.window)[0], q_meta, k_meta
+        return kind, None, q_meta, k_meta
+
+    def __call__(self, prepared, q, k, v, scale: float) -> torch.Tensor:
+        kind, block_mask, q_meta, k_meta = prepared
+        if kind.startswith("flex"):
+            return flex_attention_masked(q, k, v, block_mask, scale=scale, compile=kind == "flex")
+        chunk = self.chunk_size if kind == "chunked" else 0
+        return sdpa_attention(
+            q, k, v, q_meta, k_meta, scale=scale, window=self.window, chunk_size=chunk
+        )

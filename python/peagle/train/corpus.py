@@ -1,0 +1,108 @@
+"""Training corpus: text files, directories of text files, or JSONL → token sequences.
+
+Every file (or JSONL line) is one document. Documents are tokenised without special tokens, the
+tokenizer's EOS (if any) is appended, and each document is cut into pieces of at most
+``seq_len + 1`` tokens (one training sequence each; pieces shorter than ``min_len`` are dropped),
+so no sequence crosses a document boundary. The order is a seeded permutation per epoch, and the
+position in it (a single counter) is all a resumed run needs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+
+def iter_documents(
+    paths: Sequence[str | Path], glob: str = "*", field: str = "text"
+) -> Iterator[str | list[int]]:
+    """Yield documents: texts, or token-id lists (a JSONL ``field`` holding a list of ints).
+
+    ``*.jsonl`` files give one document per line (``field``), other files one document each;
+    directories are searched recursively for files matching ``glob``."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(f for f in p.rglob(glob) if f.is_file())
+        elif p.is_file():
+            files = [p]
+        else:
+            raise FileNotFoundError(f"training data {p} does not exist")
+        for f in files:
+            if f.suffix == ".jsonl":
+                with open(f, encoding="utf-8") as fh:
+                    for i, line in enumerate(fh):
+                        if not line.strip():
+                            continue
+                        obj = json.loads(line)
+                        if field not in obj:
+                            raise ValueError(f"{f}:{i + 1}: JSON object has no {field!r} field")
+                        value = obj[field]
+                        # a list of ints is an already tokenised document (e.g. regenerated
+                        # by the target), used as is
+                        yield value if isinstance(value, list) else str(value)
+            else:
+                try:
+                    yield f.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    continue
+
+
+def tokenize_documents(
+    texts: Sequence[str], tokenizer, seq_len: int, min_len: int = 16
+) -> list[torch.Tensor]:
+    """Token sequences (int32, ``min_len <= len <= seq_len + 1``) of the documents, in order.
+
+    Text documents get the tokenizer's EOS appended; token-id lists are taken as they are."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    out = []
+    batch = 256
+    for s in range(0, len(texts), batch):
+        chunk = list(texts[s : s + batch])
+        strs = [t for t in chunk if isinstance(t, str)]
+        enc = iter(tokenizer(strs, add_special_tokens=False)["input_ids"] if strs else [])
+        for doc in chunk:
+            if isinstance(doc, str):
+                ids = list(next(enc))
+                if eos is not None:
+                    ids.append(eos)
+            else:  # pre-tokenised: used exactly as given
+                ids = [int(t) for t in doc]
+            for i in range(0, len(ids), seq_len + 1):
+                piece = ids[i : i + seq_len + 1]
+                if len(piece) >= max(2, min_len):
+                    out.append(torch.tensor(piece, dtype=torch.int32))
+    return out
+
+
+def token_counts(sequences: Sequence[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """``[V]`` int64 occurrences of each token id over the sequences."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in sequences:
+        counts += torch.bincount(s.long(), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+class SequenceOrder:
+    """Epoch-wise seeded shuffle; ``sequence(i)`` is the ``i``-th sequence of the whole run."""
+
+    def __init__(self, num_sequences: int, seed: int) -> None:
+        if num_sequences < 1:
+            raise ValueError("the training corpus yields no sequence (documents too short?)")
+        self.n = num_sequences
+        self.seed = seed
+        self._epoch = -1
+        self._perm = None
+
+    def index(self, i: int) -> tuple[int, int]:
+        """``(epoch, sequence index)`` of global position ``i``."""
+        epoch, j = divmod(i, self.n)
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.n, generator=g)
+            self._epoch = epoch
+        return epoch, int(self._perm[j])
