@@ -2,11 +2,13 @@
 # Build peagle from source on the H200 machine (offline, torch 2.11 cu130) and run the GPU tests,
 # compute-sanitizer and benchmarks. Logs and JSON results go to $OUT.
 #   bash tools/h200.sh [build|test|sanitize|bench|all] ...      (carry .deps with the CUTLASS wheel)
+# SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools.
 set -uo pipefail
 OUT=${OUT:-/tmp/peagle-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 build() {
+  if [ -n "${SKIP_BUILD:-}" ]; then return 0; fi
   # The image sets CXX to a newer GCC (/opt/gcc) whose libstdc++ headers do not match the system
   # libstdc++ torch runs with (iostream/locale code then crashes while formatting an error).
   # Build with the compiler torch was built with (GCC 13.3 = /usr/bin/g++ there).
@@ -25,10 +27,11 @@ run_tests() {
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -30
 }
 sanitize() {
-  for tool in memcheck racecheck; do
+  local tag=$(echo "${*:-all}" | tr ' ' '-')
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 \
-      python3 tools/sanitize_ops.py "$@" > "$OUT/sanitize-$tool.log" 2>&1
-    echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+      python3 tools/sanitize_ops.py "$@" > "$OUT/sanitize-$tool-$tag.log" 2>&1
+    echo "compute-sanitizer $tool ($tag): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool-$tag.log" | tail -1)"
   done
 }
 cmd=${1:-all}; shift || true
