@@ -106,17 +106,16 @@ def make_case(
 
 
 def philox_draws(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The op's Philox draws: acceptance uniforms [T], recovered and bonus Gumbel rows [B, V]."""
-    v = case.vocab
-    us, g_rec, g_bonus = [], [], []
+    """The op's Philox draws: acceptance uniforms [T], recovered and bonus sampling uniforms [B]."""
+    us, u_rec, u_bonus = [], [], []
     for r in range(case.b):
         s, o = int(case["seeds"][r]), int(case["offsets"][r])
         us.append(rph.acceptance_uniforms(s, o, case.counts[r]))
-        g_rec.append(rph.gumbel_row(s, o, v, rph.STREAM_RECOVERED))
-        g_bonus.append(rph.gumbel_row(s, o, v, rph.STREAM_BONUS))
+        u_rec.append(rph.sampling_uniform(s, o, rph.STREAM_RECOVERED))
+        u_bonus.append(rph.sampling_uniform(s, o, rph.STREAM_BONUS))
     u = torch.from_numpy(np.concatenate(us)) if us else torch.zeros(0, dtype=torch.float64)
-    stack = lambda rows: torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, v)
-    return u, stack(g_rec), stack(g_bonus)
+    f64 = lambda xs: torch.tensor(xs, dtype=torch.float64)
+    return u, f64(u_rec), f64(u_bonus)
 
 
 def run_op(case: Case, device: str, max_n: int | None = None, **overrides) -> VerifyOutput:
@@ -153,7 +152,7 @@ def run_op(case: Case, device: str, max_n: int | None = None, **overrides) -> Ve
 
 
 def reference(case: Case, max_n: int | None = None, uniforms: torch.Tensor | None = None):
-    u, g_rec, g_bonus = philox_draws(case)
+    u, u_rec, u_bonus = philox_draws(case)
     if case["uniforms"] is not None:
         u = case["uniforms"]
     if uniforms is not None:
@@ -166,8 +165,8 @@ def reference(case: Case, max_n: int | None = None, uniforms: torch.Tensor | Non
         case["cu_num_draft_tokens"],
         case["temperature"],
         u,
-        g_rec,
-        g_bonus,
+        u_rec,
+        u_bonus,
         top_k=case["top_k"],
         top_p=case["top_p"],
         draft_probs=case["draft_probs"],
@@ -236,14 +235,19 @@ def test_reference_philox_known_answers(ctr, key, want):
 def test_reference_philox_draw_ranges():
     u = rph.acceptance_uniforms(-5, 2**40 + 3, 4096)
     assert u.dtype == np.float64 and (u >= 0).all() and (u < 1).all()
-    f = rph.noise_uniforms(2**63 - 1, -1, 100_003, rph.STREAM_BONUS)
-    assert (f > 0).all() and (f < 1).all() and f.shape == (100_003,)
-    assert abs(f.mean() - 0.5) < 0.01 and abs(u.mean() - 0.5) < 0.02
+    f = np.array([rph.sampling_uniform(2**63 - 1 - i, -1, rph.STREAM_BONUS) for i in range(2000)])
+    assert (f >= 0).all() and (f < 1).all()
+    assert abs(f.mean() - 0.5) < 0.03 and abs(u.mean() - 0.5) < 0.02
+    # The two sampling streams and the acceptance stream are different draws.
+    assert rph.sampling_uniform(7, 9, rph.STREAM_BONUS) != rph.sampling_uniform(
+        7, 9, rph.STREAM_RECOVERED
+    )
+    assert rph.sampling_uniform(7, 9, rph.STREAM_ACCEPT) == rph.acceptance_uniforms(7, 9, 1)[0]
 
 
 def test_philox_stream_layout_matches_op(device):
-    """A request with 0 drafts emits argmax(s + g) of its bonus row with g from stream 2, index
-    v // 4, word v % 4 -- checked on logits that are all equal (the noise alone decides)."""
+    """A request with 0 drafts emits the inverse-CDF draw of its bonus row with u from stream 2,
+    index 0, words 0 and 1 -- on logits that are all equal, the token is floor(u * V)."""
     v = 4099
     b = 64
     case = make_case([0] * b, v, torch.Generator().manual_seed(3), temps=1.0)
@@ -252,8 +256,8 @@ def test_philox_stream_layout_matches_op(device):
     case["offsets"] = torch.tensor([i * 2**32 + 5 * i for i in range(b)])
     got = run_op(case, device)
     for r in range(b):
-        g = rph.gumbel_row(int(case["seeds"][r]), int(case["offsets"][r]), v, rph.STREAM_BONUS)
-        assert int(got.output_token_ids[r, 0]) == int(np.argmax(g))
+        u = rph.sampling_uniform(int(case["seeds"][r]), int(case["offsets"][r]), rph.STREAM_BONUS)
+        assert int(got.output_token_ids[r, 0]) == min(int(u * v), v - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +422,7 @@ def test_exponential_race_matches_reference(device, variant):
     ref = reference(case)
     assert_matches(got, ref, case)
     assert (got.output_token_ids == ref.output_token_ids).float().mean() > 0.9
-    # The race, not the Gumbel noise, decided: the Philox-only reference differs somewhere.
+    # The race, not the Philox draw, decided: the Philox-only reference differs somewhere.
     plain = dict(case)
     plain["exponentials"] = None
     plain = Case(plain)

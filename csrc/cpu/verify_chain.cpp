@@ -141,34 +141,36 @@ int32_t exponential_race(const VerifyChainParams& p, const RowDist& d, const flo
   return best.idx < 0 ? d.first_max : best.idx;
 }
 
-// Gumbel-max over the kept set of a row, optionally excluding one token (recovered token without
-// draft_probs) or using the residual max(p - q, 0) (recovered token with draft_probs).
+// Inverse-CDF sampling over the row in vocabulary order (kernels/verify_chain.h): weights
+// w_v = e_v for kept v != exclude (no draft_probs) or max(p_v - q_v, 0); the first v whose
+// cumulative weight (fp64) exceeds u * W. Empty residual: the first argmax of the scores.
 int32_t sample_row(const VerifyChainParams& p, const RowDist& d, int64_t seed, int64_t offset,
                    uint32_t stream, int32_t exclude, const float* q_row) {
   const int32_t vocab = p.vocab_size;
   const float zf = static_cast<float>(d.z);
-  ArgMax best = argmax_none();
-  float g[4];
-  for (int32_t v0 = 0; v0 < vocab; v0 += 4) {
-    gumbel4(seed, offset, static_cast<uint32_t>(v0 >> 2), stream, g);
-    const int32_t end = std::min(v0 + 4, vocab);
-    for (int32_t v = v0; v < end; ++v) {
-      const float sv = d.s[v];
-      const bool kept = sv >= d.tau;
-      float val;
-      if (q_row != nullptr) {
-        const float pv = kept ? weight_of(sv, d.m) / zf : 0.0f;
-        const float res = pv - q_row[v];
-        if (!(res > 0.0f)) continue;
-        val = std::log(res) + g[v - v0];
-      } else {
-        if (!kept || v == exclude) continue;
-        val = sv + g[v - v0];
-      }
-      argmax_push(best, val, v);
+  auto weight = [&](int32_t v) -> double {
+    const float sv = d.s[v];
+    const bool kept = sv >= d.tau;
+    if (q_row != nullptr) {
+      const float res = (kept ? weight_of(sv, d.m) / zf : 0.0f) - q_row[v];
+      return res > 0.0f ? static_cast<double>(res) : 0.0;
     }
+    return kept && v != exclude ? static_cast<double>(weight_of(sv, d.m)) : 0.0;
+  };
+  double total = 0.0;
+  for (int32_t v = 0; v < vocab; ++v) total += weight(v);
+  if (!(total > 0.0)) return d.first_max;
+  const double t = sampling_uniform(seed, offset, stream) * total;
+  double cum = 0.0;
+  int32_t last = d.first_max;
+  for (int32_t v = 0; v < vocab; ++v) {
+    const double w = weight(v);
+    if (!(w > 0.0)) continue;
+    cum += w;
+    last = v;
+    if (cum > t) return v;
   }
-  return best.idx < 0 ? d.first_max : best.idx;
+  return last;  // t rounded up to the total: the last token with weight
 }
 
 void write_inert(const VerifyChainParams& p, int32_t r) {

@@ -11,17 +11,13 @@
 //      CTA of each row.
 //   3. decide_sample (below) grid (S2, B): every CTA of request r evaluates r's acceptance chain
 //      (cheap: one merged partial per row, one logit per draft); CTA 0 writes the outputs; if a
-//      token must be sampled (random request: recovered or bonus token), the S2 CTAs split the
-//      sampled row's vocabulary, and the last one to finish (arrival counter) merges their
-//      partial argmaxes and writes the token.
+//      token must be sampled (random request: recovered or bonus token), the S2 CTAs compute the
+//      masses of the sampled row's 2048-token tiles, and the last one to finish (arrival
+//      counter) draws the token by inverse-CDF sampling (one Philox draw per request).
 //
-// Sampling is Gumbel-max with Philox noise generated in place, skipping the noise of tokens that
-// cannot win: the running winner `lim` starts at the best exact value among row_stats' per-warp
-// maxima and is shared within the CTA; a token needs noise only if s + 16.7 >= lim (the largest
-// Gumbel draw is 16.64), and its logs only if the uniform passes a conservative threshold test.
-// Tokens needing noise are compacted per warp first, so the Philox work is dense. Skipped tokens
-// are provably below an existing value, so results are identical to evaluating every token. All
-// reductions run in a fixed order (or are integer), so results are bit-identical run to run.
+// Inverse-CDF sampling needs one Philox draw and one weight per token (one FFMA + one MUFU.EX2),
+// so a sampled row costs one more read of that row and no per-token noise. All reductions run in
+// a fixed order (or are integer), so results are bit-identical run to run.
 #include <cstdlib>
 
 #include "verify_chain_common.cuh"
@@ -32,10 +28,8 @@ namespace peagle {
 namespace {
 
 constexpr int kChunk = 32;           // decide: rows evaluated at a time
-constexpr int kGroupsPerThread = 4;  // sample: 4-token groups per thread and iteration
-constexpr int kQueue = kGroupsPerThread * kWarp;
+constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kMinStatsElems = 4096;   // row_stats / row_filter: at least this many per CTA
-constexpr int kMinSampleGroups = 512;  // decide_sample: at least this many groups per CTA
 
 enum : int32_t { kModeDone = 0, kModeRecovered = 1, kModeBonus = 2 };
 
@@ -80,10 +74,11 @@ struct DecideSmem {
 };
 
 struct SampleSmem {
-  int32_t q_g[kWarps][kQueue];   // per-warp queue of 4-token groups needing noise
-  float q_v[kWarps][4][kQueue];  // their candidate values
+  double warp_tot[kWarps];
+  double t_rem;  // level B: the target inside the chosen tile (+inf: take its last token)
+  int64_t tile;  // level B: the chosen tile
   ArgMax warp_best[kWarps];
-  uint32_t lim_key;  // ordered key of the best value seen in this CTA
+  int32_t owner_lo, owner_hi;
   int32_t last;
 };
 
@@ -284,6 +279,14 @@ __device__ void write_outputs(const VerifyChainParams& p, int32_t r, bool real,
 }
 
 // ---- 3b. sampling ------------------------------------------------------------------------------
+//
+// Recovered / bonus tokens (Philox mode) by inverse-CDF sampling in vocabulary order. The row is
+// cut into tiles of kTileTokens; thread i of a tile owns its tokens [8i, 8i + 8). Level A: the
+// request's CTAs compute the tile masses (fp64) in parallel. Level B (the last CTA to arrive):
+// t = u * W; the tile holding t is found from the tile masses, then the token inside it from the
+// tile's per-thread sums, recomputed with the same arithmetic. The search takes the first owner
+// whose (prefix + own mass) exceeds the target and falls back to the last token with weight, so a
+// rounding mismatch between levels can only move the draw to a neighbouring token with weight.
 
 // The 4 logits of group g (tokens 4g .. 4g+3; -inf past the vocabulary).
 template <LogitsDtype D>
@@ -306,17 +309,79 @@ __device__ __forceinline__ void load_group(const char* rp, int64_t g, int32_t vo
   }
 }
 
-// Conservative test: can a draw with uniform f give s + g(f) >= lim, where t = lim - s? The
-// Gumbel value is g = -log(-log f), so g >= t iff f >= exp(-exp(-t)); the threshold is computed
-// with MUFU.EX2 (relative error < 1e-5 here) and loosened by 1e-3, so a draw that could reach lim
-// is never rejected.
-__device__ __forceinline__ bool may_reach(float f, float t) {
-  if (!(t > kGumbelLower)) return true;        // even the smallest draw (or t NaN / -inf)
-  if (t > kGumbelUpper) return false;          // not even the largest draw
-  if (t > 4.6f && f < 0.989f) return false;    // cheap: here exp(-exp(-t)) * 0.999 > 0.98901
-  const float e1 = ex2_approx(-t * kLog2e);    // exp(-t)
-  const float thr = ex2_approx(-e1 * kLog2e);  // exp(-exp(-t))
-  return f >= thr * 0.999f;
+struct SampleRow {  // everything a token's sampling weight depends on
+  const char* rp;
+  const float* q;  // draft_probs row (residual) or null
+  float inv_t, ml, zf;
+  uint32_t key;  // kept iff score_key(s) >= key (0 keeps all)
+  int32_t exclude;
+  int32_t vocab;
+  bool aligned;
+};
+
+// Weights of the 8 tokens from v0 (a multiple of 4): e_v for kept v != exclude, or the residual
+// max(e_v / Z - q_v, 0); 0 past the vocabulary and for NaN / -inf scores.
+template <LogitsDtype D>
+__device__ __forceinline__ void token_weights(const SampleRow& sr, int64_t v0, float w[8]) {
+  float x[8];
+  load_group<D>(sr.rp, v0 / 4, sr.vocab, sr.aligned, x);
+  load_group<D>(sr.rp, v0 / 4 + 1, sr.vocab, sr.aligned, x + 4);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int64_t v = v0 + k;
+    float wk = 0.0f;
+    if (v < sr.vocab) {
+      const float s = x[k] * sr.inv_t;
+      const bool kept = score_key(s) >= sr.key;
+      if (sr.q == nullptr) {
+        if (kept && v != sr.exclude) wk = fast_weight(s, sr.ml);
+      } else {
+        const float res = (kept ? fast_weight(s, sr.ml) / sr.zf : 0.0f) - __ldg(sr.q + v);
+        wk = res > 0.0f ? res : 0.0f;
+      }
+    }
+    w[k] = wk;
+  }
+}
+
+// Block-wide exclusive scan of one fp64 value per thread in thread order (fixed order, so the same
+// inputs give the same bits). Whole CTA.
+__device__ __forceinline__ void block_excl_scan(double v, double& excl, double& total,
+                                                SampleSmem& ss) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  double inc = v;
+#pragma unroll
+  for (int d = 1; d < kWarp; d <<= 1) {
+    const double n = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += n;
+  }
+  if (lane == kWarp - 1) ss.warp_tot[warp] = inc;
+  const double prev = __shfl_up_sync(0xffffffffu, inc, 1);
+  __syncthreads();
+  double off = 0.0, tot = 0.0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) off = tot;
+    tot += ss.warp_tot[w];
+  }
+  excl = lane == 0 ? off : off + prev;
+  total = tot;
+  __syncthreads();
+}
+
+// The lowest thread with `first` set, else the highest with `any` set, else -1. Whole CTA.
+__device__ __forceinline__ int32_t pick_owner(bool first, bool any, SampleSmem& ss) {
+  if (threadIdx.x == 0) {
+    ss.owner_lo = kThreads;
+    ss.owner_hi = -1;
+  }
+  __syncthreads();
+  if (first) atomicMin(&ss.owner_lo, static_cast<int32_t>(threadIdx.x));
+  if (any) atomicMax(&ss.owner_hi, static_cast<int32_t>(threadIdx.x));
+  __syncthreads();
+  const int32_t o = ss.owner_lo < kThreads ? ss.owner_lo : ss.owner_hi;
+  __syncthreads();
+  return o;
 }
 
 __device__ __forceinline__ ArgMax ldcg_argmax(const ArgMax* a) {
@@ -326,156 +391,161 @@ __device__ __forceinline__ ArgMax ldcg_argmax(const ArgMax* a) {
   return out;
 }
 
-// This CTA's share of the sampled row -> partial argmax; the last CTA of the request writes the
-// token. Whole CTA.
+// Thread 0 publishes this CTA's share of request r; true in every thread of the last CTA to
+// arrive (which then sees every other CTA's share). Whole CTA.
+__device__ __forceinline__ bool arrive_last(const Workspace& ws, int32_t r, SampleSmem& ss) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    ss.last = atomicAdd(ws.sample_arrivals + r, 1u) == static_cast<uint32_t>(ws.nsample - 1);
+  }
+  __syncthreads();
+  const bool last = ss.last;
+  if (last) __threadfence();
+  return last;
+}
+
+__device__ __forceinline__ void write_sampled(const VerifyChainParams& p, int32_t r,
+                                              const Decision& dec, int32_t tok) {
+  p.output_token_ids[static_cast<int64_t>(r) * (p.max_num_draft_tokens + 1) + dec.accepted] = tok;
+}
+
+// Level B (last CTA): the token at t = u * W. Whole CTA.
+template <LogitsDtype D>
+__device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_t r,
+                         const ReqSmem& rs, const Decision& dec, const SampleRow& sr,
+                         SampleSmem& ss) {
+  const int64_t ntiles = (static_cast<int64_t>(sr.vocab) + kTileTokens - 1) / kTileTokens;
+  const double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
+  // Tiles [c0, c1) per thread, summed in order.
+  const int64_t per = (ntiles + kThreads - 1) / kThreads;
+  const int64_t c0 = min(ntiles, per * threadIdx.x), c1 = min(ntiles, c0 + per);
+  double seg = 0.0;
+  for (int64_t c = c0; c < c1; ++c) seg += __ldcg(mass + c);
+  double excl, total;
+  block_excl_scan(seg, excl, total, ss);
+  if (!(total > 0.0)) {  // empty residual (or no finite score)
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
+  }
+  const uint32_t stream = dec.mode == kModeBonus ? kStreamBonus : kStreamRecovered;
+  const double t = sampling_uniform(rs.seed, rs.offset, stream) * total;
+  int32_t o = pick_owner(seg > 0.0 && excl + seg > t, seg > 0.0, ss);
+  if (static_cast<int32_t>(threadIdx.x) == o) {
+    const bool found = excl + seg > t;
+    double part = 0.0;
+    int64_t tile = -1;
+    double t_rem = INFINITY;
+    for (int64_t c = c0; c < c1; ++c) {
+      const double m = __ldcg(mass + c);
+      if (!(m > 0.0)) continue;
+      const double before = part;
+      part += m;
+      tile = c;
+      if (found && excl + part > t) {
+        t_rem = t - (excl + before);
+        break;
+      }
+    }
+    ss.tile = tile;
+    ss.t_rem = found ? t_rem : INFINITY;
+  }
+  __syncthreads();
+  const int64_t tile = ss.tile;
+  const double t_rem = ss.t_rem;
+  // Inside the tile: this thread's 8 tokens, their running sum, the tile's prefix over threads.
+  const int64_t v0 = tile * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x);
+  float w[8], part[8];
+  token_weights<D>(sr, v0, w);
+  float run = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    run += w[k];
+    part[k] = run;
+  }
+  double excl2, total2;
+  block_excl_scan(static_cast<double>(run), excl2, total2, ss);
+  (void)total2;
+  o = pick_owner(run > 0.0f && excl2 + static_cast<double>(run) > t_rem, run > 0.0f, ss);
+  if (static_cast<int32_t>(threadIdx.x) == o) {
+    // First token whose running sum passes the target, else (fallback owner) the last with weight.
+    int32_t tok = -1, last_tok = -1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (w[k] > 0.0f) {
+        last_tok = static_cast<int32_t>(v0 + k);
+        if (tok < 0 && excl2 + static_cast<double>(part[k]) > t_rem) tok = last_tok;
+      }
+    }
+    write_sampled(p, r, dec, tok >= 0 ? tok : last_tok);
+  }
+}
+
+// This CTA's share of the sampled row; the last CTA of the request writes the token. Whole CTA.
 template <LogitsDtype D>
 __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, int32_t r,
                                const ReqSmem& rs, const Decision& dec, int split, SampleSmem& ss) {
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int nsample = ws.nsample;
-  const uint32_t stream = dec.mode == kModeBonus ? kStreamBonus : kStreamRecovered;
-  const int64_t seed = rs.seed, offset = rs.offset;
-  const float inv_t = rs.inv_t;
   const int32_t vocab = p.vocab_size;
   const char* rp = row_ptr(p, dec.row, Elem<D>::kSize);
   const float* q = dec.q_row >= 0 ? p.draft_probs + dec.q_row * p.draft_probs_row_stride : nullptr;
-  const int64_t groups = (static_cast<int64_t>(vocab) + 3) / 4;
-  const int64_t gb = groups * split / nsample, ge = groups * (split + 1) / nsample;
-  ArgMax best = argmax_none();
   if (dec.mode == kModeRecovered && p.exponentials != nullptr) {
     // vLLM 0.28's exponential race: argmax of residual * (1/E) over residual > 0, no noise.
+    const int64_t vb = static_cast<int64_t>(vocab) * split / nsample;
+    const int64_t ve = static_cast<int64_t>(vocab) * (split + 1) / nsample;
     const float* e_row = p.exponentials + static_cast<int64_t>(r) * p.exponentials_row_stride;
-    const int64_t ve = min(4 * ge, static_cast<int64_t>(vocab));
-    for (int64_t v = 4 * gb + threadIdx.x; v < ve; v += kThreads) {
-      const float s = score_of(load_scalar<D>(rp, v), inv_t);
+    ArgMax best = argmax_none();
+    for (int64_t v = vb + threadIdx.x; v < ve; v += kThreads) {
+      const float s = score_of(load_scalar<D>(rp, v), rs.inv_t);
       const float pv = score_key(s) >= dec.key ? weight_of(s, dec.m) / dec.zf : 0.0f;
       const float res = q != nullptr ? pv - __ldg(q + v) : (v == dec.exclude ? 0.0f : pv);
       if (res > 0.0f) argmax_push(best, res * (1.0f / __ldg(e_row + v)), static_cast<int32_t>(v));
     }
-  } else {
-    if (threadIdx.x == 0) ss.lim_key = ordered_key(-INFINITY);
+    best = warp_argmax(best);
+    if (lane == 0) ss.warp_best[warp] = best;
     __syncthreads();
-    if (q == nullptr) {
-      // Seed the limit with the exact values of row_stats' per-warp maxima (candidates only):
-      // they include the row's top scores, so the limit starts close to the winner's value.
-      const int64_t nseeds = static_cast<int64_t>(ws.nsplit) * kWarps;
-      const ArgMax* sd = ws.seeds + dec.row * nseeds;
-      float seedv = -INFINITY;
-      for (int64_t i = threadIdx.x; i < nseeds; i += kThreads) {
-        const ArgMax c = sd[i];
-        if (c.idx >= 0 && c.idx != dec.exclude && c.val > -INFINITY &&
-            score_key(c.val) >= dec.key) {
-          seedv = fmaxf(seedv, c.val + gumbel_at(seed, offset, c.idx, stream));
-        }
-      }
-#pragma unroll
-      for (int d = kWarp / 2; d > 0; d >>= 1) {
-        seedv = fmaxf(seedv, __shfl_xor_sync(0xffffffffu, seedv, d));
-      }
-      if (lane == 0 && seedv > -INFINITY) atomicMax(&ss.lim_key, ordered_key(seedv));
+    if (threadIdx.x == 0) {
+      ArgMax t = ss.warp_best[0];
+      for (int w = 1; w < kWarps; ++w) t = argmax_merge(t, ss.warp_best[w]);
+      ws.samples[static_cast<int64_t>(r) * nsample + split] = t;
     }
-    __syncthreads();
-    const bool filtered = dec.key != 0;  // key 0 keeps every score
-    const bool aligned =
-        reinterpret_cast<uintptr_t>(rp) % static_cast<uintptr_t>(4 * Elem<D>::kSize) == 0;
-    for (int64_t g0 = gb; g0 < ge; g0 += kThreads * kGroupsPerThread) {
-      uint32_t lk = 0;
-      if (lane == 0) lk = atomicMax(&ss.lim_key, 0u);  // read (keys are >= 0)
-      lk = __shfl_sync(0xffffffffu, lk, 0);
-      const float lim = fmaxf(best.val, key_to_float(lk));
-      // All loads of the iteration first, then per group: candidate values, the skip test and
-      // compaction of the groups needing noise into this warp's queue.
-      float x[kGroupsPerThread][4];
-#pragma unroll
-      for (int u = 0; u < kGroupsPerThread; ++u) {
-        const int64_t g = g0 + u * kThreads + threadIdx.x;
-        if (g < ge) {
-          load_group<D>(rp, g, vocab, aligned, x[u]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) x[u][k] = -INFINITY;
-        }
+    if (arrive_last(ws, r, ss) && warp == 0) {
+      ArgMax a = argmax_none();
+      for (int s = lane; s < nsample; s += kWarp) {
+        a = argmax_merge(a, ldcg_argmax(ws.samples + static_cast<int64_t>(r) * nsample + s));
       }
-      uint32_t total = 0;
-      const uint32_t lt = lanemask_lt();
-#pragma unroll
-      for (int u = 0; u < kGroupsPerThread; ++u) {
-        const int64_t g = g0 + u * kThreads + threadIdx.x;
-        float val[4];
-        float vmax = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int64_t v = 4 * g + k;
-          val[k] = -INFINITY;
-          if (g < ge && v < vocab) {
-            // No NaN -> -inf here: a NaN value is never > -inf, so it never gets noise or wins.
-            const float s = x[u][k] * inv_t;
-            const bool kept = !filtered || score_key(s) >= dec.key;
-            if (q == nullptr) {
-              if (kept && v != dec.exclude) val[k] = s;
-            } else {
-              const float pv = kept ? weight_of(s, dec.m) / dec.zf : 0.0f;
-              const float res = pv - __ldg(q + v);
-              if (res > 0.0f) val[k] = logf(res);
-            }
-          }
-          vmax = fmaxf(vmax, val[k]);
-        }
-        const bool need = vmax > -INFINITY && vmax + kGumbelUpper >= lim;
-        const uint32_t mask = __ballot_sync(0xffffffffu, need);
-        if (need) {
-          const uint32_t pos = total + __popc(mask & lt);
-          ss.q_g[warp][pos] = static_cast<int32_t>(g);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) ss.q_v[warp][k][pos] = val[k];
-        }
-        total += __popc(mask);
-      }
-      __syncwarp();
-      for (uint32_t i = lane; i < total; i += kWarp) {
-        const int32_t g = ss.q_g[warp][i];
-        const Philox4 w = philox_draw(seed, offset, static_cast<uint32_t>(g), stream);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float v = ss.q_v[warp][k][i];
-          if (v > -INFINITY && may_reach(open_uniform_f32(w.x[k]), lim - v)) {
-            argmax_push(best, v + gumbel_from_bits(w.x[k]), 4 * g + k);
-          }
-        }
-      }
-      __syncwarp();
-      // Publish this warp's best so the other warps skip more.
-      float wb = best.val;
-#pragma unroll
-      for (int d = kWarp / 2; d > 0; d >>= 1) wb = fmaxf(wb, __shfl_xor_sync(0xffffffffu, wb, d));
-      if (lane == 0 && wb > -INFINITY) atomicMax(&ss.lim_key, ordered_key(wb));
+      a = warp_argmax(a);
+      if (lane == 0) write_sampled(p, r, dec, a.idx < 0 ? dec.first_max : a.idx);
     }
+    return;
   }
-  best = warp_argmax(best);
-  if (lane == 0) ss.warp_best[warp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ArgMax t = ss.warp_best[0];
-    for (int w = 1; w < kWarps; ++w) t = argmax_merge(t, ss.warp_best[w]);
-    ws.samples[static_cast<int64_t>(r) * nsample + split] = t;
-    __threadfence();
-    ss.last = atomicAdd(ws.sample_arrivals + r, 1u) == static_cast<uint32_t>(nsample - 1);
+  SampleRow sr;
+  sr.rp = rp;
+  sr.q = q;
+  sr.inv_t = rs.inv_t;
+  sr.ml = dec.m * kLog2e;
+  sr.zf = dec.zf;
+  sr.key = dec.key;
+  sr.exclude = dec.exclude;
+  sr.vocab = vocab;
+  sr.aligned = reinterpret_cast<uintptr_t>(rp) % static_cast<uintptr_t>(4 * Elem<D>::kSize) == 0;
+  // Level A: masses of tiles split, split + nsample, ... (warp sums, then warps in order).
+  const int64_t ntiles = (static_cast<int64_t>(vocab) + kTileTokens - 1) / kTileTokens;
+  double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
+  for (int64_t c = split; c < ntiles; c += nsample) {
+    float w[8];
+    token_weights<D>(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), w);
+    float run = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) run += w[k];
+    double excl, total;
+    block_excl_scan(static_cast<double>(run), excl, total, ss);
+    if (threadIdx.x == 0) mass[c] = total;
   }
-  __syncthreads();
-  if (ss.last && warp == 0) {
-    __threadfence();
-    ArgMax a = argmax_none();
-    for (int s = lane; s < nsample; s += kWarp) {
-      a = argmax_merge(a, ldcg_argmax(ws.samples + static_cast<int64_t>(r) * nsample + s));
-    }
-    a = warp_argmax(a);
-    if (lane == 0) {
-      const int32_t tok = a.idx < 0 ? dec.first_max : a.idx;
-      p.output_token_ids[static_cast<int64_t>(r) * (p.max_num_draft_tokens + 1) + dec.accepted] =
-          tok;
-    }
-  }
+  if (arrive_last(ws, r, ss)) cdf_pick<D>(p, ws, r, rs, dec, sr, ss);
 }
+
 
 template <LogitsDtype D>
 __global__ void __launch_bounds__(kThreads, 3)
@@ -517,9 +587,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 struct Layout {
   int32_t nsplit = 1;
   int32_t nsample = 1;
+  int64_t tiles = 1;  // inverse-CDF tiles per row
   int32_t cand_cap = kCandCap;
   bool filter = false;
-  size_t off_parts = 0, off_seeds = 0, off_stats = 0, off_cand_count = 0;
+  size_t off_parts = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
 };
@@ -558,10 +629,9 @@ Layout plan(const VerifyChainParams& p) {
   const int64_t elems_cap =
       (static_cast<int64_t>(p.vocab_size) + kMinStatsElems - 1) / kMinStatsElems;
   l.nsplit = static_cast<int32_t>(clamp_splits((8 * sms + rows - 1) / rows, elems_cap));
-  // decide_sample: ~8 CTAs per SM, at least kMinSampleGroups 4-token groups each.
-  const int64_t groups = (static_cast<int64_t>(p.vocab_size) + 3) / 4;
-  const int64_t groups_cap = (groups + kMinSampleGroups - 1) / kMinSampleGroups;
-  l.nsample = static_cast<int32_t>(clamp_splits((8 * sms + reqs - 1) / reqs, groups_cap));
+  // decide_sample: ~8 CTAs per SM, at least one inverse-CDF tile each.
+  l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
+  l.nsample = static_cast<int32_t>(clamp_splits((8 * sms + reqs - 1) / reqs, l.tiles));
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
   // Candidate buffers: kCandCap keys per row while R <= 4096 rows, fewer (>= kMinCandCap) beyond,
   // so the workspace stays <= ~64 MB; a row with more candidates takes the radix fallback.
@@ -571,8 +641,8 @@ Layout plan(const VerifyChainParams& p) {
   size_t off = 0;
   l.off_parts = off;
   off = align_up(off + sizeof(RowPartial) * static_cast<size_t>(rows) * l.nsplit);
-  l.off_seeds = off;
-  off = align_up(off + sizeof(ArgMax) * static_cast<size_t>(rows) * l.nsplit * kWarps);
+  l.off_tile_mass = off;
+  off = align_up(off + sizeof(double) * static_cast<size_t>(reqs) * l.tiles);
   l.off_sample_arrivals = off;
   off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(reqs));
   l.off_samples = off;
@@ -627,7 +697,8 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
                          cudaStream_t stream) {
   Workspace ws;
   ws.parts = reinterpret_cast<RowPartial*>(base + l.off_parts);
-  ws.seeds = reinterpret_cast<ArgMax*>(base + l.off_seeds);
+  ws.tile_mass = reinterpret_cast<double*>(base + l.off_tile_mass);
+  ws.tiles_per_req = l.tiles;
   ws.sample_arrivals = reinterpret_cast<uint32_t*>(base + l.off_sample_arrivals);
   ws.samples = reinterpret_cast<ArgMax*>(base + l.off_samples);
   ws.stats = l.filter ? reinterpret_cast<RowStats*>(base + l.off_stats) : nullptr;

@@ -22,8 +22,6 @@ constexpr int kCandCap = 4096;   // row_filter: candidate keys kept per row at m
 constexpr int kMinCandCap = 32;  // ... and at least (fewer only when R is huge, see plan())
 constexpr size_t kCandPoolBytes = size_t(64) << 20;  // candidate buffers of all rows
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kGumbelUpper = 16.7f;        // > the largest Gumbel draw (16.636)
-constexpr float kGumbelLower = -2.82f;       // < the smallest Gumbel draw (-2.812)
 constexpr double kMassScale = 4294967296.0;  // 2^32 fixed point for kept masses (e <= 1)
 
 // Per-row mode, decided once per row by row_info().
@@ -49,13 +47,14 @@ struct RowStats {  // row_filter output for rows with top-k / top-p
 // the caching allocator never needs a memset.
 struct Workspace {
   RowPartial* parts;          // [R, nsplit]
-  ArgMax* seeds;              // [R, nsplit, kWarps]: per-warp max score (random rows)
   RowStats* stats;            // [R] (filtering only)
   uint32_t* cand_count;       // [R] (filtering only): candidate keys appended per row
   uint32_t* filter_arrivals;  // [R] (filtering only): row_filter CTAs done per row
   uint32_t* cand_keys;        // [R, cand_cap] (filtering only)
   uint32_t* sample_arrivals;  // [B]: sampling CTAs done per request
-  ArgMax* samples;            // [B, nsample]: partial Gumbel-max per sampling CTA
+  ArgMax* samples;            // [B, nsample]: partial exponential-race argmax per sampling CTA
+  double* tile_mass;          // [B, tiles_per_req]: inverse-CDF tile masses of the sampled row
+  int64_t tiles_per_req;
   int32_t nsplit;             // CTAs per row in row_stats / row_filter
   int32_t nsample;            // CTAs per request in decide_sample
   int32_t cand_cap;           // candidate keys per row (else the radix fallback)

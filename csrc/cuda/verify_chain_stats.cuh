@@ -4,8 +4,7 @@
 // normaliser sum 2^(s log2 e - m log2 e) (one FFMA + one MUFU.EX2 per element, fp32 running sum,
 // rescaled when the running max grows). Top-k rows also get a candidate bound for row_filter: the
 // k-th largest of the 256 per-thread maxima of the split (a lower bound on the row's k-th largest
-// score). Random rows also record each warp's maximum (seeds for decide_sample). The kernel also
-// zeroes the counters the later kernels use.
+// score). The kernel also zeroes the counters the later kernels use.
 #pragma once
 #include "verify_chain_common.cuh"
 
@@ -118,11 +117,6 @@ __global__ void __launch_bounds__(kThreads, 4)
         a = Mzi{g.val, 0.0f, g.idx};
       } else {
         a = warp_mzi(a);
-        // Per-warp maxima: exact candidates that seed decide_sample's Gumbel limit.
-        if (lane == 0) {
-          ws.seeds[(row * nsplit + split) * kWarps + warp] =
-              ArgMax{a.idx < 0 ? -INFINITY : a.m, a.idx};
-        }
       }
       if (lane == 0) s_warp[warp] = a;
       // Top-k rows: candidate bound = k-th largest per-thread maximum of this split.

@@ -428,14 +428,15 @@ def verify_chain(
     ``q(x) > 0`` and ``u <= p(x) / q(x)`` (float64), with ``q = draft_probs[row]`` (``q == 1``
     when ``draft_probs`` is None, i.e. argmax drafting). At the first rejection only, the
     recovered token is drawn from ``normalize(max(p - q, 0))`` (``p`` with ``x`` removed when
-    ``draft_probs`` is None) by Gumbel-max; if every draft is accepted, the bonus token is drawn
-    from ``p`` of the bonus row. Ties go to the lowest index, an empty residual falls back to
-    the argmax of ``p``, and every sampled id is in ``[0, V)``.
+    ``draft_probs`` is None) by inverse-CDF sampling in vocabulary order (the first ``v`` whose
+    cumulative weight exceeds ``u * sum``); if every draft is accepted, the bonus token is drawn
+    from ``p`` of the bonus row the same way. An empty residual falls back to the argmax of ``p``
+    (ties to the lowest index), and every sampled id is in ``[0, V)``.
 
     vLLM parity (both optional, SPEC §6.4-6.6): ``bonus_token_ids`` replaces the bonus token of
     every request whose drafts are all accepted (greedy and random; the bonus rows are then never
-    read, so they may hold anything); ``exponentials`` replaces the Gumbel noise of the recovered
-    token by vLLM 0.28's exponential race: ``argmax_v residual(v) * (1 / exponentials[r, v])``
+    read, so they may hold anything); ``exponentials`` replaces the inverse-CDF draw of the
+    recovered token by vLLM 0.28's exponential race: ``argmax_v residual(v) * (1 / exponentials[r, v])``
     (float32, vLLM's ``prob * q.reciprocal()``; v0.16 divided, which differs only on 1-ULP
     near-ties; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q, 0)`` with
     ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an all-zero
@@ -446,17 +447,16 @@ def verify_chain(
     Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
     counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
     position ``j`` in the request, ``u = ((w0 >> 5) * 2^26 + (w1 >> 6)) / 2^53``. Stream 1
-    (recovered) and 2 (bonus): vocabulary entry ``v`` uses word ``v % 4`` of index ``v // 4``,
-    ``f = ((w >> 9) + 0.5) * 2^-23`` in (0, 1) and Gumbel noise ``-log(-log(f))`` (float32,
-    precise ``logf``). A request's draws depend only on its own seed, offset and draft count;
+    (recovered) and 2 (bonus): one draw at index 0, same formula. A request's draws depend only on its own seed, offset and draft count;
     requests with 0 drafts use no acceptance draws. The op never modifies ``seeds`` /
     ``offsets``: **advance each request's offset by 1 per step** (never reuse a (seed, offset)
     pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms`` to inject the
     acceptance draws.
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
-    the normaliser flips a comparison (SPEC §0.1: <= 0.1% of rows): the CPU op sums ``exp(s -
-    m)`` in fp64, the CUDA kernels sum ``2^(s log2 e - m log2 e)`` (MUFU.EX2) in fp32 and keep
+    the normaliser or of a sampled token's cumulative weight flips a comparison (SPEC §0.1: <= 0.1%
+    of rows): the CPU op sums ``exp(s - m)`` in fp64, the CUDA kernels sum
+    ``2^(s log2 e - m log2 e)`` (MUFU.EX2) in fp32 (fp64 across 2048-token tiles) and keep
     top-k/top-p masses in 2^-32 fixed point; CUDA results are bit-identical run to run.
 
     CUDA outline: 2-3 kernels, the later ones programmatic dependent launches (set
@@ -465,8 +465,8 @@ def verify_chain(
     once more, keys above a provable bound collected (up to 4096 per row, fewer beyond 4096
     rows; on overflow, ``top_k`` > 256 on a large vocabulary, or a top-p cut that may lie below
     the bound: radix passes over the row) and the threshold selected exactly; (3) per request:
-    the acceptance chain, the outputs, and the one sampled row split over CTAs with Philox noise
-    only for tokens that can still win.
+    the acceptance chain, the outputs, and the one sampled row split over CTAs: tile masses in
+    parallel, then the last CTA finds the tile and the token holding ``u * sum``.
 
     Args:
         target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row

@@ -61,15 +61,10 @@ def acceptance_uniforms(seed: int, offset: int, n: int) -> np.ndarray:
     return (a * 67108864.0 + b) / 9007199254740992.0
 
 
-def noise_uniforms(seed: int, offset: int, vocab: int, stream: int) -> np.ndarray:
-    """float32 [vocab] in (0, 1): f_v = ((w >> 9) + 0.5) * 2^-23 with w = word v % 4 of index
-    v // 4."""
-    words = draw(seed, offset, np.arange((vocab + 3) // 4), stream)
-    w = np.stack(words, axis=1).reshape(-1)[:vocab]  # entry v = word v % 4 of counter v // 4
-    return ((w >> np.uint64(9)).astype(np.float64) + 0.5) * 2.0**-23
-
-
-def gumbel_row(seed: int, offset: int, vocab: int, stream: int) -> np.ndarray:
-    """float64 [vocab] Gumbel noise -log(-log(f)) of the given stream (1 recovered, 2 bonus)."""
-    f = noise_uniforms(seed, offset, vocab, stream)
-    return -np.log(-np.log(f))
+def sampling_uniform(seed: int, offset: int, stream: int) -> float:
+    """float64 in [0, 1): the recovered (stream 1) or bonus (stream 2) token's inverse-CDF draw,
+    index 0, words 0 and 1, same formula as the acceptance uniforms."""
+    w0, w1, _, _ = draw(seed, offset, np.arange(1), stream)
+    a = float((w0 >> np.uint64(5))[0])
+    b = float((w1 >> np.uint64(6))[0])
+    return (a * 67108864.0 + b) / 9007199254740992.0

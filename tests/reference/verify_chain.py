@@ -6,15 +6,16 @@ specification fixes in float32 (so that the top-k/top-p kept sets are defined on
 numbers as in the kernels). All random draws are explicit inputs:
 
 * ``uniforms`` [T] float64 — one acceptance draw per draft;
-* ``gumbel_recovered`` [B, V] and ``gumbel_bonus`` [B, V] — Gumbel noise rows per request for the
-  recovered token (first rejected position) and for the bonus token;
+* ``u_recovered`` [B] and ``u_bonus`` [B] float64 — one inverse-CDF draw per request for the
+  recovered token (first rejected position) and for the bonus token: the emitted token is the
+  first ``v`` (vocabulary order) whose cumulative weight exceeds ``u * sum(weights)``;
 * optionally ``exponentials`` [B, V] — vLLM's exponential race for the recovered token
-  (``argmax residual / E``) instead of the Gumbel noise, and ``bonus_token_ids`` [B] — the bonus
+  (``argmax residual / E``) instead of the inverse-CDF draw, and ``bonus_token_ids`` [B] — the bonus
   token given instead of sampled (greedy requests too).
 
 Besides the outputs it returns ``margin`` [B] float64: the smallest distance of any decision the
-request made from flipping (|u - p/q| for acceptance tests, the gap between the best and the
-second-best Gumbel score for sampled tokens, the log of the ratio of the best and second-best
+request made from flipping (|u - p/q| for acceptance tests, for sampled tokens the distance of
+``u * W`` from the nearest edge of the chosen token's cumulative-weight interval, relative to W, the log of the ratio of the best and second-best
 ``residual / E`` in the exponential race; +inf for greedy requests). Float rounding in the
 kernels may legitimately flip a decision only where this margin is tiny.
 """
@@ -71,17 +72,21 @@ def target_probs(s: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.softmax(masked, dim=0)
 
 
-def _gumbel_argmax(values: torch.Tensor) -> tuple[int | None, float]:
-    """First-index argmax over finite-or-+inf values; None if every value is -inf. Also returns the
-    gap between the best and second-best value (inf if only one candidate)."""
-    if not (values > -math.inf).any():
+def _inverse_cdf(weights: torch.Tensor, u: float) -> tuple[int | None, float]:
+    """First ``v`` whose cumulative weight (float64, vocabulary order) exceeds ``u * W``; None if
+    every weight is 0. Also returns the relative distance of ``u * W`` from the nearest edge of the
+    chosen token's interval (how far the draw is from landing on a neighbour)."""
+    w = torch.clamp(torch.nan_to_num(weights.to(torch.float64), nan=0.0), min=0.0)
+    total = float(w.sum())
+    if not total > 0.0:
         return None, math.inf
-    idx = int(torch.argmax(values))
-    if values.numel() < 2:
-        return idx, math.inf
-    top2 = torch.topk(values, 2).values
-    gap = float(top2[0] - top2[1])
-    return idx, gap if math.isfinite(gap) else math.inf
+    cum = torch.cumsum(w, 0)
+    t = u * total
+    idx = int(torch.searchsorted(cum, torch.tensor([t], dtype=torch.float64), right=True)[0])
+    idx = min(idx, w.shape[0] - 1)
+    hi = float(cum[idx])
+    lo = hi - float(w[idx])
+    return idx, min(t - lo, hi - t) / total
 
 
 def _exponential_race(residual: torch.Tensor, e_row: torch.Tensor) -> tuple[int | None, float]:
@@ -107,8 +112,8 @@ def verify_chain_reference(
     cu_num_draft_tokens: torch.Tensor,
     temperature: torch.Tensor,
     uniforms: torch.Tensor,
-    gumbel_recovered: torch.Tensor,
-    gumbel_bonus: torch.Tensor,
+    u_recovered: torch.Tensor,
+    u_bonus: torch.Tensor,
     *,
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
@@ -123,8 +128,8 @@ def verify_chain_reference(
     cu = cu_num_draft_tokens.cpu().tolist()
     temps = temperature.cpu().tolist()
     u_all = uniforms.cpu().to(torch.float64)
-    g_rec = gumbel_recovered.cpu().to(torch.float64)
-    g_bonus = gumbel_bonus.cpu().to(torch.float64)
+    u_rec = u_recovered.cpu().to(torch.float64).tolist()
+    u_bon = u_bonus.cpu().to(torch.float64).tolist()
     ks = top_k.cpu().tolist() if top_k is not None else [0] * len(cu)
     ps = top_p.cpu().tolist() if top_p is not None else [1.0] * len(cu)
     q_all = draft_probs.cpu().to(torch.float64) if draft_probs is not None else None
@@ -172,7 +177,7 @@ def verify_chain_reference(
                     emitted.append(x)
                     continue
             # Rejected: recovered token from the residual, with this request's noise row.
-            if e_all is not None:  # vLLM's exponential race, no Gumbel noise
+            if e_all is not None:  # vLLM's exponential race, no Philox draw
                 if q_all is None:
                     res = p.clone()
                     if valid:
@@ -187,16 +192,12 @@ def verify_chain_reference(
                 rejected = True
                 break
             if q_all is None:
-                cand = torch.where(keep, s, torch.full_like(s, -math.inf))
+                res = p.clone()
                 if valid:
-                    cand[x] = -math.inf  # p with the draft removed
-                values = cand + g_rec[r]
+                    res[x] = 0.0  # p with the draft removed
             else:
                 res = torch.clamp(p - q_all[d0 + j], min=0.0)
-                values = torch.where(
-                    res > 0, torch.log(res) + g_rec[r], torch.full_like(res, -math.inf)
-                )
-            tok, gap = _gumbel_argmax(values)
+            tok, gap = _inverse_cdf(res, u_rec[r])
             if tok is None:  # empty residual: first-index argmax of p
                 tok = int(torch.argmax(torch.where(keep, s, torch.full_like(s, -math.inf))))
             margin[r] = min(float(margin[r]), gap)
@@ -212,8 +213,7 @@ def verify_chain_reference(
             else:
                 s = scores(bonus, temps[r])
                 keep = kept_mask(s, ks[r], ps[r])
-                values = torch.where(keep, s, torch.full_like(s, -math.inf)) + g_bonus[r]
-                tok, gap = _gumbel_argmax(values)
+                tok, gap = _inverse_cdf(target_probs(s, keep), u_bon[r])
                 if tok is None:
                     tok = int(torch.argmax(s))
                 margin[r] = min(float(margin[r]), gap)

@@ -23,8 +23,8 @@ constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
 
 // Streams of verify_chain's draws (the fourth counter word).
 constexpr uint32_t kStreamAccept = 0;     // acceptance uniforms, index = draft position j
-constexpr uint32_t kStreamRecovered = 1;  // Gumbel noise of the recovered token, index = v / 4
-constexpr uint32_t kStreamBonus = 2;      // Gumbel noise of the bonus token, index = v / 4
+constexpr uint32_t kStreamRecovered = 1;  // the recovered token's sampling uniform, index 0
+constexpr uint32_t kStreamBonus = 2;      // the bonus token's sampling uniform, index 0
 
 struct Philox4 {
   uint32_t x[4];
@@ -89,38 +89,11 @@ PEAGLE_HD double acceptance_uniform(int64_t seed, int64_t offset, uint32_t j) {
   return uniform53(w.x[0], w.x[1]);
 }
 
-// float32 uniform strictly inside (0, 1): ((w >> 9) + 0.5) * 2^-23, i.e. the centre of one of 2^23
-// equal cells, in [2^-24, 1 - 2^-24]. Every step is exact in float32 (a 24-bit significand), so
-// 1.0f can never come out (with 24 bits, (2^24 - 1) + 0.5 would round up to 2^24 = 1.0).
-PEAGLE_HD float open_uniform_f32(uint32_t w) {
-  return (static_cast<float>(w >> 9) + 0.5f) * 1.1920928955078125e-07f;  // 2^-23
-}
-
-// Standard Gumbel noise g = -log(-log(f)) with precise logf (never fast-math); finite,
-// in [-2.8, 16.7].
-PEAGLE_HD float gumbel_from_bits(uint32_t w) {
-  const float f = open_uniform_f32(w);
-#if defined(__CUDA_ARCH__)
-  return -logf(-logf(f));
-#else
-  return -std::log(-std::log(f));
-#endif
-}
-
-// Gumbel noise of vocabulary entries 4*i .. 4*i+3 of a noise row (stream 1 or 2).
-PEAGLE_HD void gumbel4(int64_t seed, int64_t offset, uint32_t i, uint32_t stream, float g[4]) {
-  const Philox4 w = philox_draw(seed, offset, i, stream);
-  g[0] = gumbel_from_bits(w.x[0]);
-  g[1] = gumbel_from_bits(w.x[1]);
-  g[2] = gumbel_from_bits(w.x[2]);
-  g[3] = gumbel_from_bits(w.x[3]);
-}
-
-// Gumbel noise of vocabulary entry v alone (v / 4 selects the counter, v % 4 the word).
-PEAGLE_HD float gumbel_at(int64_t seed, int64_t offset, int64_t v, uint32_t stream) {
-  const Philox4 w = philox_draw(seed, offset, static_cast<uint32_t>(v >> 2), stream);
-  const int k = static_cast<int>(v & 3);  // selects, not an indexed load (no local memory)
-  return gumbel_from_bits(k == 0 ? w.x[0] : (k == 1 ? w.x[1] : (k == 2 ? w.x[2] : w.x[3])));
+// Sampling draw of the recovered token (stream 1) or the bonus token (stream 2): index 0, words 0
+// and 1. The token is found by inverse-CDF sampling with it (kernels/verify_chain.h).
+PEAGLE_HD double sampling_uniform(int64_t seed, int64_t offset, uint32_t stream) {
+  const Philox4 w = philox_draw(seed, offset, 0u, stream);
+  return uniform53(w.x[0], w.x[1]);
 }
 
 }  // namespace peagle

@@ -19,22 +19,24 @@
 //   Accept draft x at j iff 0 <= x < V, p(x) > 0, q(x) > 0 and u_j <= p(x) / q(x) (fp64), where
 //   q(x) = draft_probs[row, x] or 1 without draft_probs, and u_j = uniforms[cu[r-1] + j] if given,
 //   else Philox (kernels/philox.h, stream 0, index j).
-//   Recovered token (first rejected position only): without draft_probs the argmax over kept
-//   v != x of s_v + g_v; with draft_probs the argmax over v of logf(r_v) + g_v for
-//   r_v = p_v - q_v > 0 (p_v = e_v / Z in float32). g = Gumbel noise of stream 1 (index v / 4,
-//   word v % 4). With `exponentials` (vLLM 0.28's exponential race and rounding): the argmax
-//   over v of r_v * (1 / E[r, v]) (float32) among r_v > 0, where r_v = p_v for kept v != x
-//   without draft_probs and max(p_v - q_v, 0) with them (p_v = e_v / Z in float32); no noise.
+//   Recovered token (first rejected position only): sampled from the weights w_v = e_v for kept
+//   v != x without draft_probs, w_v = max(p_v - q_v, 0) with them (p_v = e_v / Z in float32), by
+//   inverse-CDF sampling in vocabulary order: the first v whose cumulative weight exceeds u * W
+//   (W = sum of w, u = the request's stream-1 sampling uniform, kernels/philox.h). With
+//   `exponentials` (vLLM 0.28's exponential race and rounding): the argmax over v of
+//   r_v * (1 / E[r, v]) (float32) among r_v > 0, where r_v = p_v for kept v != x without
+//   draft_probs and max(p_v - q_v, 0) with them; no Philox draw.
 //   Bonus token (all accepted): bonus_token_ids[r] if given (greedy and random requests; the
-//   bonus row is then never read and the id is copied as is), else for random requests the
-//   argmax over kept v of s_v + g_v on the bonus row, stream 2, and for greedy ones the
-//   first-index argmax of the bonus row. Ties go to the lowest index; values of -inf and NaN never
-//   win; with no candidate at all the first-index argmax of s is used (index 0 if no score is
-//   finite). Sampled results are always in [0, V).
+//   bonus row is then never read and the id is copied as is), else for random requests inverse-CDF
+//   sampling of w_v = e_v over the kept v of the bonus row with the stream-2 uniform, and for
+//   greedy ones the first-index argmax of the bonus row. Argmax ties go to the lowest index;
+//   -inf and NaN scores have weight 0; with no weight at all the first-index argmax of s is used
+//   (index 0 if no score is finite). Sampled results are always in [0, V).
 //
 // Rounding (the only CPU/CUDA differences; greedy rows are exact): the CPU op sums the weights
 // e_v = expf(s_v - m) in fp64. The CUDA kernels sum 2^(s_v log2 e - m log2 e) (one FFMA + one
-// MUFU.EX2, relative error ~1e-7 per term) in fp32 for Z, and in 2^-32 fixed point (integers,
+// MUFU.EX2, relative error ~1e-7 per term) in fp32 for Z and for the sampling weights (cumulated
+// in fp64 per 2048-token tile, tiles in order), and in 2^-32 fixed point (integers,
 // order-independent) for top-p masses and the kept mass of filtered rows; p(x) = expf(s_x - m) / Z
 // with precise expf on both. A decision can differ only when it is within ~1e-6 (relative) of
 // flipping. Every CUDA reduction runs in a fixed order, so results are bit-identical run to run.
