@@ -7,14 +7,14 @@ threads, tail; each thread's elements in order), the per-thread argmax / online 
 the top-k candidate bound (k-th largest per-thread maximum of a split), row_filter's candidate
 bound, candidate collection (capacity, overflow fallback), the radix selections exactly as
 written (11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the
-candidate bound), decide_sample's acceptance chain and the Gumbel-max sampling with its skip
-logic: split-maxima seeds, the running limit (published after every warp iteration, one valid
-interleaving), the `s + 16.7 < lim` group skip and the `may_reach` threshold test. MUFU.EX2 is
-modelled by float32 exp2 (its 2^-22 error is far inside the tests' slack).
+candidate bound), decide_sample's acceptance chain and the two-level inverse-CDF sampling
+(fp64 tile masses from float32 per-thread sums, the tile and owner search with its fallbacks).
+MUFU.EX2 is modelled by float32 exp2 (its 2^-22 error is far inside the tests' slack).
 
 Each case is compared with the CPU op (torch.ops.peagle.verify_chain on CPU): rows may differ
 only where the fp64 reference says a decision is within rounding of flipping (the tests' rule).
-Also checked: every token the skip logic leaves out is provably below the winner.
+Also checked: the sampled token is the exact fp64 inverse-CDF answer on the same weights or a
+neighbour within rounding of the target.
 
     python tools/emulate_verify_chain.py            # random cases, prints a summary
 """
@@ -37,12 +37,8 @@ import peagle  # noqa: E402,F401
 THREADS = 256
 CAND_CAP = 4096
 MIN_STATS_ELEMS = 4096
-MIN_SAMPLE_GROUPS = 512
-GROUPS_PER_THREAD = 4
 SMS = 132
 LOG2E = np.float32(1.4426950408889634)
-GUMBEL_UPPER = np.float32(16.7)
-GUMBEL_LOWER = np.float32(-2.82)
 MASS_SCALE = 4294967296.0
 F32 = np.float32
 NEG_INF = F32(-np.inf)
@@ -93,32 +89,6 @@ def weight_of(s, m) -> np.float32:
         return F32(np.exp(F32(s) - F32(m)))
 
 
-def gumbel(words) -> np.ndarray:
-    f = ((np.asarray(words, dtype=np.uint64) >> np.uint64(9)).astype(np.float32) + F32(0.5)) * F32(
-        2.0**-23
-    )
-    with np.errstate(divide="ignore"):
-        return (-np.log(-np.log(f.astype(np.float32)))).astype(np.float32)
-
-
-def open_uniform(words) -> np.ndarray:
-    return (
-        (np.asarray(words, dtype=np.uint64) >> np.uint64(9)).astype(np.float32) + F32(0.5)
-    ) * F32(2.0**-23)
-
-
-def may_reach(f: np.float32, t: np.float32) -> bool:
-    if not t > GUMBEL_LOWER:
-        return True
-    if t > GUMBEL_UPPER:
-        return False
-    if t > F32(4.6) and f < F32(0.989):
-        return False
-    e1 = ex2(-t * LOG2E)
-    thr = ex2(-e1 * LOG2E)
-    return bool(f >= thr * F32(0.999))
-
-
 # ---------------------------------------------------------------------------------------------
 # the emulated op
 # ---------------------------------------------------------------------------------------------
@@ -131,12 +101,13 @@ class Emu:
         max_n: int,
         misalign: int = 0,
         min_stats_elems: int = MIN_STATS_ELEMS,
-        min_sample_groups: int = MIN_SAMPLE_GROUPS,
+        tile_threads: int = THREADS,
     ):
         """``misalign``: elements between an aligned base and row 0 (emulates the row addresses;
         rows are ``V`` elements apart unless the logits are a strided view). Smaller
-        ``min_*`` than the kernels' constants give more splits on small vocabularies (the index
-        math is the same)."""
+        ``min_*`` than the kernels' constants give more splits on small vocabularies, and fewer
+        ``tile_threads`` (threads of an inverse-CDF tile and of its level-B search, 256 in the
+        kernel) more tiles, each thread owning several (the index math is the same)."""
         self.c = case
         lg = case["target_logits"]
         self.dtype = lg.dtype
@@ -174,11 +145,13 @@ class Emu:
         rows = max(self.R, 1)
         elems_cap = max(1, -(-self.V // min_stats_elems))
         self.nsplit = int(min(max(1, -(-8 * SMS // rows)), elems_cap))
-        groups = -(-self.V // 4)
-        self.nsample = int(min(max(1, -(-8 * SMS // b)), max(1, -(-groups // min_sample_groups))))
+        self.tile_threads = tile_threads
+        tiles = -(-self.V // (8 * tile_threads))
+        self.nsample = int(min(max(1, -(-8 * SMS // b)), tiles))
         self.cand_cap = int(min(CAND_CAP, max(32, (64 << 20) // 4 // rows)))
         self.stats = {}
         self.skip_checks = 0
+        self.cdf_neighbours = 0
 
     # -- requests ---------------------------------------------------------------------------------
     def span(self, r):
@@ -288,15 +261,6 @@ class Emu:
             for bval, zt, bidx in per_thread:
                 if bidx >= 0:
                     z = F32(z + zt * np.exp(np.float32(bval - m)))
-        # Per-warp maxima of the scores (seeds of the sampling limit), first index on ties.
-        seeds = []
-        for w in range(THREADS // 32):
-            wm, wi = NEG_INF, -1
-            for bval, _, bidx in per_thread[32 * w : 32 * w + 32]:
-                if bidx >= 0 and (bval > wm or (bval == wm and bidx < wi)):
-                    wm, wi = bval, bidx
-            seeds.append((wm, wi))
-        self.warp_seeds.setdefault(row, []).extend(seeds if info["mode"] != "greedy" else [])
         bound = NEG_INF
         r = info["r"]
         if info["mode"] == "filtered" and self.top_k_active(r) and int(self.top_k[r]) <= THREADS:
@@ -439,10 +403,6 @@ class Emu:
         s_all = (self.x[row] * inv_t).astype(np.float32)
         s_all = np.where(np.isnan(s_all), NEG_INF, s_all).astype(np.float32)
         kept = score_key(s_all) >= key
-        groups = -(-self.V // 4)
-        words = np.stack(rph.draw(seed, offset, np.arange(groups), stream), axis=1)  # [G, 4]
-        words = words.reshape(-1)[: self.V]
-        vals = np.full(self.V, NEG_INF, dtype=np.float32)
         if dec["mode"] == "recovered" and self.E is not None:
             best = (NEG_INF, -1)
             for v in range(self.V):
@@ -453,67 +413,81 @@ class Emu:
                     if val > best[0] or (val == best[0] and v < best[1]):
                         best = (val, v)
             return best[1] if best[1] >= 0 else dec["first_max"]
+        # Weights (float32 like the kernel), then level A: tile masses in fp64 (thread sums of 8
+        # consecutive tokens, an fp64 scan over the 256 threads).
+        ml = F32(m * LOG2E)
+        w = np.zeros(self.V, dtype=np.float32)
         for v in range(self.V):
+            e = fast_weight(s_all[v], ml) if kept[v] else F32(0.0)
             if qrow is None:
-                if kept[v] and v != exclude:
-                    vals[v] = s_all[v]
+                w[v] = e if (kept[v] and v != exclude) else F32(0.0)
             else:
-                pv = F32(weight_of(s_all[v], m) / zf) if kept[v] else F32(0.0)
-                res = F32(pv - qrow[v])
-                if res > 0:
-                    vals[v] = F32(np.log(res))
-        g_all = gumbel(words)
-        # Exact answer: first-index argmax of vals + g over candidates.
-        tot = np.where(vals > NEG_INF, (vals + g_all).astype(np.float32), NEG_INF)
-        exact = int(np.argmax(tot)) if (tot > NEG_INF).any() else -1
-        # The kernel: splits, seeds, running limit, group skip, may_reach.
-        lim_shared = NEG_INF
-        if qrow is None:
-            for pm, pidx in self.warp_seeds[row]:
-                if pidx >= 0 and pidx != exclude and pm > NEG_INF and score_key(pm) >= key:
-                    lim_shared = max(lim_shared, F32(pm + g_all[pidx]))
-        best_overall = (NEG_INF, -1)
-        for split in range(self.nsample):
-            gb, ge = groups * split // self.nsample, groups * (split + 1) // self.nsample
-            lim_cta = lim_shared
-            best = [(NEG_INF, -1)] * THREADS
-            for g0 in range(gb, ge, THREADS * GROUPS_PER_THREAD):
-                for w in range(THREADS // 32):  # warps in order; each publishes at the end
-                    for lane in range(32):
-                        t = w * 32 + lane
-                        bval, bidx = best[t]
-                        lim = max(bval, lim_cta)
-                        for u in range(GROUPS_PER_THREAD):
-                            g = g0 + u * THREADS + t
-                            if g >= ge:
-                                continue
-                            gv = vals[4 * g : 4 * g + 4]
-                            vmax = gv.max()
-                            if not (vmax > NEG_INF and vmax + GUMBEL_UPPER >= lim):
-                                continue
-                            for k, v in enumerate(range(4 * g, min(4 * g + 4, self.V))):
-                                if gv[k] > NEG_INF and may_reach(
-                                    open_uniform(words[v]), F32(lim - gv[k])
-                                ):
-                                    val = F32(gv[k] + g_all[v])
-                                    if val > bval or (val == bval and v < bidx):
-                                        bval, bidx = val, v
-                        best[t] = (bval, bidx)
-                    wb = max(b[0] for b in best[w * 32 : (w + 1) * 32])
-                    lim_cta = max(lim_cta, wb)
-            for bval, bidx in best:
-                if bidx >= 0 and (
-                    bval > best_overall[0] or (bval == best_overall[0] and bidx < best_overall[1])
-                ):
-                    best_overall = (bval, bidx)
-        got = best_overall[1]
+                res = F32(F32(e / zf) - F32(qrow[v]))
+                w[v] = res if res > 0 else F32(0.0)
+        nt = self.tile_threads
+        tile_len = 8 * nt
+        ntiles = -(-self.V // tile_len)
+        wp = np.zeros(ntiles * tile_len, dtype=np.float32)
+        wp[: self.V] = w
+        thread_w = wp.reshape(ntiles, nt, 8)
+        thread_sum = np.zeros((ntiles, nt), dtype=np.float32)
+        thread_part = np.zeros((ntiles, nt, 8), dtype=np.float32)
+        for k in range(8):  # sequential float32 sums, as each thread adds its 8 weights
+            thread_sum = (thread_sum + thread_w[:, :, k]).astype(np.float32)
+            thread_part[:, :, k] = thread_sum
+        excl_t = np.zeros((ntiles, nt))
+        mass = np.zeros(ntiles)
+        for c in range(ntiles):
+            acc = 0.0
+            for i in range(nt):
+                excl_t[c, i] = acc
+                acc += float(thread_sum[c, i])
+            mass[c] = acc
+        # Level B: tiles per thread, scan, owner, tile, then the token inside the tile.
+        per = -(-ntiles // nt)
+        segs = [(min(ntiles, per * i), min(ntiles, per * i + per)) for i in range(nt)]
+        seg = [float(sum(mass[c0:c1])) for c0, c1 in segs]
+        excl = np.concatenate([[0.0], np.cumsum(seg)[:-1]])
+        total = float(np.sum(seg))
+        if not total > 0:
+            return dec["first_max"]
+        t = rph.sampling_uniform(seed, offset, stream) * total
+        lo = [i for i in range(nt) if seg[i] > 0 and excl[i] + seg[i] > t]
+        o = lo[0] if lo else max(i for i in range(nt) if seg[i] > 0)
+        part, tile, t_rem = 0.0, -1, math.inf
+        for c in range(*segs[o]):
+            if not mass[c] > 0:
+                continue
+            before, part, tile = part, part + mass[c], c
+            if lo and excl[o] + part > t:
+                t_rem = t - (excl[o] + before)
+                break
+        ts = thread_sum[tile].astype(np.float64)
+        lo2 = [i for i in range(nt) if ts[i] > 0 and excl_t[tile, i] + ts[i] > t_rem]
+        o2 = lo2[0] if lo2 else max(i for i in range(nt) if ts[i] > 0)
+        v0 = tile * tile_len + 8 * o2
+        tok = last = -1
+        for k in range(8):
+            if thread_w[tile, o2, k] > 0:
+                last = v0 + k
+                if tok < 0 and excl_t[tile, o2] + float(thread_part[tile, o2, k]) > t_rem:
+                    tok = last
+        got = tok if tok >= 0 else last
+        # Exact answer (fp64 cumulative over the same float32 weights): only a rounding-level
+        # neighbour may differ.
+        cum = np.cumsum(w.astype(np.float64))
+        exact = int(np.searchsorted(cum, t, side="right"))
         self.skip_checks += 1
-        assert got == exact, f"skip logic dropped the winner: got {got}, exact {exact}"
-        return got if got >= 0 else dec["first_max"]
+        if got != exact:
+            self.cdf_neighbours += 1
+            assert abs(cum[min(exact, self.V - 1)] - t) < 1e-9 * total or abs(
+                cum[got] - t
+            ) < 1e-9 * total, f"inverse CDF picked {got}, exact {exact}"
+        assert 0 <= got < self.V and w[got] > 0
+        return got
 
     def run(self):
         self.parts = {}
-        self.warp_seeds = {}
         self.filter_paths = []
         infos = {row: self.row_info(row) for row in range(self.R)}
         for row, info in infos.items():
@@ -626,7 +600,7 @@ def main() -> None:
         emu = Emu(
             case, max_n, misalign=int(rng.integers(0, 8)),
             min_stats_elems=64 if small else MIN_STATS_ELEMS,
-            min_sample_groups=8 if small else MIN_SAMPLE_GROUPS,
+            tile_threads=16 if small else THREADS,
         )  # fmt: skip
         out, acc = emu.run()
         cpu = run_op(case, "cpu")
