@@ -480,9 +480,10 @@ class Emu:
         self.skip_checks += 1
         if got != exact:
             self.cdf_neighbours += 1
-            assert abs(cum[min(exact, self.V - 1)] - t) < 1e-9 * total or abs(
-                cum[got] - t
-            ) < 1e-9 * total, f"inverse CDF picked {got}, exact {exact}"
+            assert (
+                abs(cum[min(exact, self.V - 1)] - t) < 1e-9 * total
+                or abs(cum[got] - t) < 1e-9 * total
+            ), f"inverse CDF picked {got}, exact {exact}"
         assert 0 <= got < self.V and w[got] > 0
         return got
 

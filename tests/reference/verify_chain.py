@@ -14,10 +14,12 @@ numbers as in the kernels). All random draws are explicit inputs:
   token given instead of sampled (greedy requests too).
 
 Besides the outputs it returns ``margin`` [B] float64: the smallest distance of any decision the
-request made from flipping (|u - p/q| for acceptance tests, for sampled tokens the distance of
-``u * W`` from the nearest edge of the chosen token's cumulative-weight interval relative to W,
-the log of the ratio of the best and second-best ``residual / E`` in the exponential race; +inf for greedy requests). Float rounding in the
-kernels may legitimately flip a decision only where this margin is tiny.
+request made from flipping (|u - p/q| for acceptance tests, for sampled tokens the distance of ``u *
+W`` from the nearest edge of the chosen token's cumulative-weight interval relative to W, the log of
+the ratio of the best and second-best ``residual / E`` in the exponential race; +inf for greedy
+requests). Float rounding in the kernels may legitimately flip a decision only where this margin is
+tiny.
+
 """
 
 from __future__ import annotations
