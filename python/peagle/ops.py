@@ -436,14 +436,13 @@ def verify_chain(
     vLLM parity (both optional, SPEC §6.4-6.6): ``bonus_token_ids`` replaces the bonus token of
     every request whose drafts are all accepted (greedy and random; the bonus rows are then never
     read, so they may hold anything); ``exponentials`` replaces the inverse-CDF draw of the
-    recovered token by vLLM 0.28's exponential race: ``argmax_v residual(v) * (1 / exponentials[r,
-    v])`` (float32, vLLM's ``prob * q.reciprocal()``; v0.16 divided, which differs only on 1-ULP
-    near-ties; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q, 0)`` with
-    ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an all-zero residual
-    falls back to the argmax of ``p`` where vLLM returns token 0 — peagle's SPEC §6.4 rule,
+    recovered token by vLLM 0.28's exponential race: ``argmax_v residual(v) / E[r, v]`` with ``E =
+    exponentials`` (float32, vLLM's ``prob * q.reciprocal()``; v0.16 divided, which differs only on
+    1-ULP near-ties; ``residual = p`` with the draft removed for argmax drafts, ``max(p - q, 0)``
+    with ``draft_probs``; only ``residual > 0`` competes; ties to the lowest index; an all-zero
+    residual falls back to the argmax of ``p`` where vLLM returns token 0 — peagle's SPEC §6.4 rule,
     reachable only when ``q(x) = 0`` and ``p = q``). With ``uniforms`` as well, every random draw
     comes from the caller, as in vLLM's rejection sampler.
-
 
     Randomness (Philox4x32-10, same words on CPU and CUDA): key ``(lo32(seed), hi32(seed))``,
     counter ``(lo32(offset), hi32(offset), index, stream)``. Stream 0 (acceptance): index = draft
@@ -453,7 +452,6 @@ def verify_chain(
     never modifies ``seeds`` / ``offsets``: **advance each request's offset by 1 per step** (never
     reuse a (seed, offset) pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms``
     to inject the acceptance draws.
-
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
     the normaliser or of a sampled token's cumulative weight flips a comparison (SPEC §0.1: <= 0.1%
