@@ -29,6 +29,7 @@ namespace {
 
 constexpr int kChunk = 32;           // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
+constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
 constexpr int kMinStatsElems = 4096;   // row_stats / row_filter: at least this many per CTA
 
 enum : int32_t { kModeDone = 0, kModeRecovered = 1, kModeBonus = 2 };
@@ -75,6 +76,7 @@ struct DecideSmem {
 
 struct SampleSmem {
   double warp_tot[kWarps];
+  double tile_part[kWarps][kTilesInFlight];  // level A: per-warp sums of the tiles in flight
   double t_rem;  // level B: the target inside the chosen tile (+inf: take its last token)
   int64_t tile;  // level B: the chosen tile
   ArgMax warp_best[kWarps];
@@ -319,13 +321,17 @@ struct SampleRow {  // everything a token's sampling weight depends on
   bool aligned;
 };
 
-// Weights of the 8 tokens from v0 (a multiple of 4): e_v for kept v != exclude, or the residual
-// max(e_v / Z - q_v, 0); 0 past the vocabulary and for NaN / -inf scores.
+// The 8 logits from v0 (a multiple of 4); -inf past the vocabulary.
 template <LogitsDtype D>
-__device__ __forceinline__ void token_weights(const SampleRow& sr, int64_t v0, float w[8]) {
-  float x[8];
+__device__ __forceinline__ void load_tokens(const SampleRow& sr, int64_t v0, float x[8]) {
   load_group<D>(sr.rp, v0 / 4, sr.vocab, sr.aligned, x);
   load_group<D>(sr.rp, v0 / 4 + 1, sr.vocab, sr.aligned, x + 4);
+}
+
+// Weights of the 8 tokens from v0 given their logits: e_v for kept v != exclude, or the residual
+// max(e_v / Z - q_v, 0); 0 past the vocabulary and for NaN / -inf scores.
+__device__ __forceinline__ void weights_of(const SampleRow& sr, int64_t v0, const float x[8],
+                                           float w[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int64_t v = v0 + k;
@@ -342,6 +348,13 @@ __device__ __forceinline__ void token_weights(const SampleRow& sr, int64_t v0, f
     }
     w[k] = wk;
   }
+}
+
+template <LogitsDtype D>
+__device__ __forceinline__ void token_weights(const SampleRow& sr, int64_t v0, float w[8]) {
+  float x[8];
+  load_tokens<D>(sr, v0, x);
+  weights_of(sr, v0, x, w);
 }
 
 // Block-wide exclusive scan of one fp64 value per thread in thread order (fixed order, so the same
@@ -530,18 +543,48 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   sr.exclude = dec.exclude;
   sr.vocab = vocab;
   sr.aligned = reinterpret_cast<uintptr_t>(rp) % static_cast<uintptr_t>(4 * Elem<D>::kSize) == 0;
-  // Level A: masses of tiles split, split + nsample, ... (warp sums, then warps in order).
+  // Level A: masses of tiles split, split + nsample, ..., kTilesInFlight at a time (all their
+  // loads first, so a CTA keeps several 4 KB tiles in flight); per tile the thread sums are
+  // reduced across each warp (fixed shuffle tree) and then over the warps in order.
   const int64_t ntiles = (static_cast<int64_t>(vocab) + kTileTokens - 1) / kTileTokens;
   double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
-  for (int64_t c = split; c < ntiles; c += nsample) {
-    float w[8];
-    token_weights<D>(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), w);
-    float run = 0.0f;
+  const int64_t stride = static_cast<int64_t>(nsample) * kTilesInFlight;
+  for (int64_t c0 = split; c0 < ntiles; c0 += stride) {
+    float x[kTilesInFlight][8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) run += w[k];
-    double excl, total;
-    block_excl_scan(static_cast<double>(run), excl, total, ss);
-    if (threadIdx.x == 0) mass[c] = total;
+    for (int i = 0; i < kTilesInFlight; ++i) {
+      const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
+      if (c < ntiles) {
+        load_tokens<D>(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), x[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kTilesInFlight; ++i) {
+      const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
+      double run = 0.0;
+      if (c < ntiles) {
+        float w[8];
+        weights_of(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), x[i], w);
+        float f = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) f += w[k];
+        run = f;
+      }
+#pragma unroll
+      for (int d = kWarp / 2; d > 0; d >>= 1) run += __shfl_xor_sync(0xffffffffu, run, d);
+      if (lane == 0) ss.tile_part[warp][i] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTilesInFlight) {
+      const int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * nsample;
+      if (c < ntiles) {
+        double tot = 0.0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) tot += ss.tile_part[w][threadIdx.x];
+        mass[c] = tot;
+      }
+    }
+    __syncthreads();
   }
   if (arrive_last(ws, r, ss)) cdf_pick<D>(p, ws, r, rs, dec, sr, ss);
 }
