@@ -161,6 +161,12 @@ class DecodeGraphs:
         self.graphs[b_pad] = g
         return g
 
+    def capture_all(self) -> None:
+        """Capture (or, emulated, build) the graphs of every batch size now, so that no capture
+        happens inside a timed region (benchmarks; normally graphs are captured on first use)."""
+        for b_pad in self.sizes:
+            self._get(b_pad)
+
     # -- replay ---------------------------------------------------------------------------------
 
     @staticmethod
