@@ -18,7 +18,8 @@ are the target's own in every method). ``none`` runs once per C (K does not appl
 
 Results are keyed per config and written after every config (atomic rename): a rerun skips
 finished configs and merges. With ``--max-minutes`` the run stops before a config that would end
-past the limit and exits with status 75 ("run me again"); 0 when every config is done.
+past the limit (estimated by the slowest config so far; at least one config runs per invocation)
+and exits with status 75 ("run me again"); 0 when every config is done.
 ``--projection`` also times the passes of a ~1B random-weight target (:mod:`.projection`).
 """
 
@@ -251,21 +252,38 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
 
 
-def _load_pair(device, dtype, methods):
+def _load_pair(device, dtype, methods) -> dict:
+    """``{method: (target, drafter)}``: ONE target shared by every method (the engine points its
+    feature layers at each drafter's own ids), the drafters loaded as ``load_model_pair`` does."""
     from peagle import default_models
-    from peagle.models import load_model_pair
+    from peagle.models import Eagle3Drafter, load_model_pair
 
     if not default_models.available():
         raise SystemExit("peagle bench e2e: this build has no packaged default model pair")
+    # The peagle drafter's feature layers: the 4-layer default target has no valid default
+    # auxiliary layers of its own ("none" never reads them).
+    target, peagle = load_model_pair(
+        str(default_models.target_dir()),
+        str(default_models.drafter_dir("peagle")),
+        device=device,
+        dtype=dtype,
+    )
     pairs = {}
-    target = str(default_models.target_dir())
     for m in methods:
-        # "none" reuses a drafter's target: the 4-layer default target has no valid default
-        # auxiliary layers of its own, and "none" never reads them.
-        d = str(default_models.drafter_dir("peagle" if m == "none" else m))
-        pairs[m] = load_model_pair(target, d, device=device, dtype=dtype)
-    if "none" in pairs:
-        pairs["none"] = (pairs["none"][0], None)
+        if m == "none":
+            pairs[m] = (target, None)
+        elif m == "peagle":
+            pairs[m] = (target, peagle)
+        else:
+            drafter = Eagle3Drafter.from_pretrained(
+                str(default_models.drafter_dir(m)),
+                dtype=dtype,
+                device=device,
+                shared_embed_tokens=target.embed_tokens.weight.detach(),
+                shared_lm_head=target.lm_head.weight.detach(),
+            )
+            drafter.check_target(target.hidden_size, target.vocab_size)
+            pairs[m] = (target, drafter)
     return pairs
 
 
@@ -289,7 +307,8 @@ def _prompts(num: int) -> tuple[list[list[int]], dict]:
 
 class Budget:
     """Stops a run before a config that would end past ``limit_s`` (the slowest config so far is
-    the estimate) or after ``max_configs`` configs."""
+    the estimate) or after ``max_configs`` configs; never before the first config of a run, so
+    every invocation makes progress."""
 
     def __init__(self, limit_s: float, max_configs: int = 0) -> None:
         self.start = time.monotonic()
@@ -299,6 +318,8 @@ class Budget:
         self.slowest = 0.0
 
     def expired(self) -> bool:
+        if self.ran == 0:
+            return False
         if self.max_configs and self.ran >= self.max_configs:
             return True
         return time.monotonic() - self.start + self.slowest > self.limit_s

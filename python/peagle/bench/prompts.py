@@ -23,8 +23,14 @@ def held_out_files(modules: list[str] | tuple[str, ...]) -> list[tuple[str, str]
     by path. Raises ``FileNotFoundError`` when none is found (no stdlib sources installed)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     wanted = set(modules)
+    candidates = []
+    for m in wanted:  # only the held-out modules' trees, in the corpus builder's path order
+        if (root / f"{m}.py").is_file():
+            candidates.append(root / f"{m}.py")
+        if (root / m).is_dir():
+            candidates += (root / m).rglob("*.py")
     files = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(candidates):
         rel = path.relative_to(root)
         first = rel.parts[0]
         module = first[:-3] if first.endswith(".py") else first

@@ -37,7 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-projection", action="store_true", help="measured rows only")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
     r = p.add_argument_group("measuring first (--run)")
-    r.add_argument("--run", action="store_true", help="run `peagle bench e2e` first")
+    r.add_argument(
+        "--run", dest="measure_first", action="store_true", help="run `peagle bench e2e` first"
+    )
     r.add_argument("--device", default=None)
     r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     r.add_argument("--k", nargs="+", type=int, default=list(DEFAULT_KS))
@@ -52,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     from peagle.bench import tune
 
-    if args.run:
+    if args.measure_first:
         from peagle.bench import e2e
 
         ap = argparse.ArgumentParser()
