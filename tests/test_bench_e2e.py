@@ -173,3 +173,23 @@ def test_tune_run_measures_first(tmp_path, capsys):
     assert main(argv) == 0
     assert set(json.loads(out.read_text())["configs"]) == {"none,K=0,C=1", "peagle,K=1,C=1"}
     assert "best K for P-EAGLE : K=1" in capsys.readouterr().out
+
+
+def test_run_config_through_the_graph_layout():
+    """cuda_graphs="emulate" runs the CUDA-graph static-buffer path eagerly (capture_all
+    included): same greedy tokens as the plain eager loop."""
+    from transformers import AutoTokenizer
+
+    from peagle.bench.prompts import held_out_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
+    prompts = held_out_prompts(tok, 3, default_models.info()["corpus"]["held_out_modules"])
+    ids = [p["token_ids"] for p in prompts]
+    pairs = e2e._load_pair("cpu", projection.torch.float32, ["peagle", "eagle3"])
+    for method in ("peagle", "eagle3"):
+        target, drafter = pairs[method]
+        rows = [e2e.run_config(target, drafter, method, 3, 2, ids, 10, graphs)
+                for graphs in ("off", "emulate")]  # fmt: skip
+        assert rows[0]["outputs_sha1"] == rows[1]["outputs_sha1"]
+        assert rows[0]["acceptance_length"] == rows[1]["acceptance_length"]
+        assert rows[1]["output_tokens"] == 30 and rows[1]["num_requests"] == 3

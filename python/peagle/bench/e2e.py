@@ -26,6 +26,7 @@ and exits with status 75 ("run me again"); 0 when every config is done.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import statistics
@@ -375,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{config_key(method, k, c):22s} {row['tokens_per_s']:10.1f} tok/s  "
                   f"TPOT {row['tpot_ms']:8.3f} ms  AL {row['acceptance_length']:.3f}  "
                   f"steps {row['steps']}  ({time.monotonic() - t0:.1f} s)", flush=True)  # fmt: skip
+            gc.collect()  # the engine and its CUDA graphs reference each other
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         del pairs

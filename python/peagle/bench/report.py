@@ -147,7 +147,12 @@ def generate(results: Path, docs: Path) -> list[Path]:
         written.append(png)
         lines += ["Per-kernel % of the copy ceiling:", "", f"![kernels]({KERNELS_PNG})", ""]
     e2e = load(results, "e2e")
-    if e2e:
+    if not e2e:
+        lines += ["## End-to-end decode (default pair)", "",
+                  "Not measured yet: `peagle bench e2e --device cuda --out "
+                  "benchmarks/results/e2e-h200.json --max-minutes 8.5` (repeat until it exits 0), "
+                  "then `peagle bench report`.", ""]  # fmt: skip
+    else:
         lines += e2e_section(e2e)
         for fn, name in ((plots.tokens_per_s_vs_k, E2E_K_PNG),
                          (plots.speedup_vs_concurrency, E2E_C_PNG)):  # fmt: skip
