@@ -187,3 +187,16 @@ def test_plots_skip_empty_results(tmp_path):
     assert plots.speedup_vs_concurrency(empty, tmp_path / "b.png") is None
     assert plots.kernels_pct_of_ceiling({}, tmp_path / "c.png") is None
     assert not list(tmp_path.iterdir())
+
+
+def test_kv_benchmark_checks_its_peer_on_cpu():
+    from peagle.bench.kv_cache import K, KVCase
+
+    c = KVCase(b=3, hkv=2, d=8, n_sets=2, ctx=40, dtype=torch.float32, device="cpu")
+    assert c.t == 3 * (K + 1) and len(set(c.slots[0].tolist())) == c.t
+    c.check()
+    kc, _ = c.caches["peagle"]
+    assert kc.abs().sum() > 0 and kc[0].abs().sum() == 0  # block 0 (null) never written
+    c.caches["torch-index-copy"][0][0, 0].fill_(1.0)  # a cell neither writes: must be caught
+    with pytest.raises(AssertionError, match="disagree"):
+        c.check()

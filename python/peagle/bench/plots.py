@@ -29,7 +29,7 @@ def kernels_pct_of_ceiling(families: dict[str, dict], out: Path) -> Path | None:
     if plt is None:
         return None
     labels, values, colors = [], [], []
-    palette = {"prep": "#4c72b0", "verify": "#dd8452", "attention": "#55a868"}
+    palette = {"prep": "#4c72b0", "verify": "#dd8452", "attention": "#55a868", "kv": "#8172b3"}
     for fam, d in families.items():
         for r in d["rows"]:
             if r["impl"] != "peagle" or mode_of(r) != "graph" or not r.get("gbps"):

@@ -92,7 +92,7 @@ def generate(results: Path, docs: Path) -> list[Path]:
     """Rewrite ``docs/results.md`` and the PNGs from ``results``; returns the written files."""
     from peagle.bench import plots
 
-    fams = {k: d for k in ("prep", "verify", "attention") if (d := load(results, k))}
+    fams = {k: d for k in ("prep", "verify", "attention", "kv") if (d := load(results, k))}
     lines = [
         "# Measured results (H200)",
         "",
@@ -141,6 +141,18 @@ def generate(results: Path, docs: Path) -> list[Path]:
             if case in ours:
                 lines.append(f"| {case} | {ours[case]:.1f} | {fi} | {fi / ours[case]:.2f}x |")
         lines += [""]
+    if "kv" in fams:
+        d = fams["kv"]
+        lines += [
+            "## write_kv_cache (K=7, page 16, bf16)",
+            "",
+            header(d),
+            "",
+            "GB/s counts the K/V bytes read + written; the peer is two torch `index_copy_` calls",
+            "into the flattened caches (every slot real: it has no -1 rule).",
+            "",
+        ]
+        lines += table(d, "torch-index-copy", "graph", "pct_copy") + [""]
     written = []
     png = plots.kernels_pct_of_ceiling(fams, docs / KERNELS_PNG)
     if png:

@@ -11,7 +11,8 @@ Benchmarks that users can rerun (method: docs/benchmarks.md).
 
   ops     every op against its peer in the same run, on a CUDA GPU: prepare_draft_inputs vs a
           vLLM-style multi-op path (+ a gather floor), verify_chain vs a vLLM-style multi-op
-          sampler, paged_attention vs torch SDPA / FlexAttention. Writes
+          sampler, paged_attention vs torch SDPA / FlexAttention, write_kv_cache vs torch
+          index_copy_. Writes
           benchmarks/results/<family>-h200.json.
   e2e     decode with the packaged default pair: P-EAGLE vs EAGLE-3 vs no speculation per K and
           concurrency, on held-out prompts (tokens/s, TPOT, acceptance length); resumable
@@ -20,7 +21,7 @@ Benchmarks that users can rerun (method: docs/benchmarks.md).
 
 EPILOG = """\
 examples:
-  peagle bench ops all                                   # prep, verify, attention -> results/
+  peagle bench ops all                                   # prep, verify, attention, kv
   peagle bench ops prep --out benchmarks/results/prep-h200.json
   peagle bench ops attention --filter h32-8 --no-flex --out /tmp/attention.json
   peagle bench e2e --device cuda --out benchmarks/results/e2e-h200.json --max-minutes 8.5
@@ -35,6 +36,7 @@ FAMILIES = {
     "prep": "peagle.bench.prep",
     "verify": "peagle.bench.verify",
     "attention": "peagle.bench.attention",
+    "kv": "peagle.bench.kv_cache",
 }
 
 
