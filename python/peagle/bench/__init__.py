@@ -2,7 +2,7 @@
 
 * ``timing``: CUDA-event timers (graph, eager per call, eager back to back), copy ceiling,
   the results JSON format.
-* ``prep`` / ``verify`` / ``attention``: every op against its peer in the same run
+* ``prep`` / ``verify`` / ``attention`` / ``kv_cache``: every op against its peer in the same run
   (``peagle bench ops``); ``multiop_prep`` is the vLLM-style multi-op peer of
   ``prepare_draft_inputs``, ``prep_inputs`` the random draft-step batches.
 * ``e2e``: decode throughput of P-EAGLE / EAGLE-3 / no speculation with the default pair,

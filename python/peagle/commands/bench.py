@@ -120,13 +120,23 @@ def run_ops(args) -> int:
     if args.family != "all":
         importlib.import_module(FAMILIES[args.family]).run(args)
         return 0
+    failed = []
     for name, module in FAMILIES.items():
         mod = importlib.import_module(module)
         fp = argparse.ArgumentParser()
         mod.add_arguments(fp)
         out = str(Path(args.out_dir) / f"{name}-{args.gpu_tag}.json")
         extra = ["--no-flex"] if name == "attention" and args.no_flex else []
-        mod.run(fp.parse_args(["--out", out, *extra]))
+        print(f"=== peagle bench ops {name} -> {out}", flush=True)
+        try:
+            mod.run(fp.parse_args(["--out", out, *extra]))
+        except Exception as e:  # noqa: BLE001  (report, run the other families, fail at the end)
+            import traceback
+
+            traceback.print_exc()
+            failed.append(f"{name}: {type(e).__name__}: {e}")
+    if failed:
+        raise SystemExit("peagle bench ops all: failed families:\n  " + "\n  ".join(failed))
     return 0
 
 
