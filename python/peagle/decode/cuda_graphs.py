@@ -161,6 +161,14 @@ class DecodeGraphs:
         self.graphs[b_pad] = g
         return g
 
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture (or, emulated, build) the graphs of every batch size now, so that no capture
+        happens inside a timed region (benchmarks; normally graphs are captured on first use,
+        inside ``SpecDecoder.step``'s inference mode, as here)."""
+        for b_pad in self.sizes:
+            self._get(b_pad)
+
     # -- replay ---------------------------------------------------------------------------------
 
     @staticmethod

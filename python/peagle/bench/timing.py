@@ -1,8 +1,11 @@
-"""Timing helpers shared by the benchmarks (method: PERF.md §4).
+"""Timing helpers shared by the benchmarks (method: PERF.md §4, docs/benchmarks.md).
 
 * CUDA events around the region, warm-up first, median of many repetitions.
 * Tiny kernels: ``bench_graph`` captures N back-to-back calls in one CUDA graph and divides a
-  replay by N (launch gaps removed); ``bench_eager`` reports the eager cost separately.
+  replay by N (launch gaps removed); ``bench_eager`` reports the eager cost of one call (an event
+  pair around every call, median); ``bench_eager_throughput`` times N eager calls back to back
+  between ONE event pair and divides by N (what a decode loop issuing calls sees: host launch
+  cost overlapped with the GPU work of the previous call).
 * Cold L2: pass several input sets (``fn(i)`` picks set ``i % n``) whose total size exceeds the
   60 MB L2 a few times; ``l2_rotation_sets`` says how many are needed.
 * ``copy_ceiling_gbps`` measures the device-to-device copy bandwidth (bytes read + written) in
@@ -52,6 +55,33 @@ def bench_eager(fn: Callable[[int], object], iters: int = 200, warmup: int = 20)
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+
+
+def bench_eager_throughput(
+    fn: Callable[[int], object], calls: int = 200, repeats: int = 5, warmup: int = 20
+) -> float:
+    """Median over ``repeats`` of (time of ``calls`` eager calls back to back) / ``calls``, in µs.
+
+    One CUDA event pair brackets the whole run of calls, so the host-side launch cost of call
+    i+1 overlaps the GPU work of call i as in a decode loop; the result is the steady-state cost
+    per call (max of host launch cost and GPU time), not the latency of one isolated call.
+    """
+    if calls < 1 or repeats < 1:
+        raise ValueError(f"calls and repeats must be >= 1, got {calls}, {repeats}")
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        for i in range(calls):
+            fn(i)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def bench_graph(
@@ -108,19 +138,52 @@ def copy_ceiling_gbps(nbytes: int = 2 << 30, iters: int = 20) -> float:
 
 
 def git_commit() -> str:
-    """The measured commit: $PEAGLE_COMMIT (set it where the tree has no .git), else git."""
+    """The measured commit: $PEAGLE_COMMIT (set it where the tree has no .git), else git in the
+    current directory (a checkout of the measured tree), else git next to this file."""
     import os
 
     if os.environ.get("PEAGLE_COMMIT"):
         return os.environ["PEAGLE_COMMIT"]
-    try:
-        root = Path(__file__).resolve().parent.parent
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+    for root in (Path.cwd(), Path(__file__).resolve().parent):
+        try:
+            out = subprocess.run(
+                ["git", "rev-parse", "--short=12", "HEAD"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return "unknown"
+
+
+def command_line() -> str:
+    """The command that produced a result file (``sys.argv``, shell-quoted): ``python3 script.py
+    ...`` for a script, ``peagle bench ...`` for the console entry point."""
+    argv = sys.argv or [""]
+    if argv[0].endswith(".py"):
+        words = [Path(sys.executable).name, *argv]
+    else:
+        words = [Path(argv[0]).name or "python", *argv[1:]]
+    return " ".join(shlex.quote(a) for a in words)
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def write_json_atomic(path: str | Path, obj: dict) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file + rename (never half-written)."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -138,11 +201,10 @@ class Results:
         self.rows.append(row)
 
     def to_json(self) -> dict:
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         return {
-            "gpu": gpu,
+            "gpu": gpu_name(),
             "commit": git_commit(),
-            "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+            "command": command_line(),
             "copy_ceiling_gbps": round(self.copy_ceiling_gbps, 1),
             "torch": torch.__version__,
             "driver": _driver_version(),
@@ -151,8 +213,7 @@ class Results:
         }
 
     def write(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        write_json_atomic(path, self.to_json())
 
 
 def _driver_version() -> str:

@@ -1,0 +1,14 @@
+"""Benchmarks that ship with peagle (``peagle bench``, ``peagle tune``; docs/benchmarks.md).
+
+* ``timing``: CUDA-event timers (graph, eager per call, eager back to back), copy ceiling,
+  the results JSON format.
+* ``prep`` / ``verify`` / ``attention`` / ``kv_cache``: every op against its peer in the same run
+  (``peagle bench ops``); ``multiop_prep`` is the vLLM-style multi-op peer of
+  ``prepare_draft_inputs``, ``prep_inputs`` the random draft-step batches.
+* ``e2e``: decode throughput of P-EAGLE / EAGLE-3 / no speculation with the default pair,
+  ``projection`` the per-pass timing of a larger random-weight target, ``tune`` the best K and
+  break-even tables, ``report`` / ``plots`` the docs tables and PNGs.
+
+Importing this package imports nothing heavy; each module imports torch (and Triton, for the
+multi-op peer) itself.
+"""

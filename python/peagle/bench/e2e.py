@@ -1,0 +1,433 @@
+"""End-to-end decode benchmark: P-EAGLE vs EAGLE-3 vs no speculation with the default pair.
+
+For every config (method, K, concurrency C) the engine (:class:`~peagle.decode.SpecDecoder`,
+CUDA graphs on a GPU) decodes ``num_prompts`` held-out prompts (:mod:`peagle.bench.prompts`,
+never the training split) greedily, EOS ignored, ``max_new_tokens`` each, at most C at a time:
+
+1. build the engine, capture the CUDA graphs of every batch size, run a short warm-up generate
+   (outside timing);
+2. time one full generate (wall clock, device synchronised before and after).
+
+Recorded per config: ``tokens_per_s`` (output tokens / wall s), ``tpot_ms`` (per request: its
+wall time / its output tokens, mean over requests; prefill included), ``acceptance_length``
+(pooled: 1 + accepted drafts / verification steps that carried drafts), ``tokens_per_step`` (mean
+over requests of emitted tokens / target steps), ``steps`` (engine steps), the GPU phase times
+per step (CUDA events of the engine's target and drafter phases) and ``overhead_ms_per_step``
+(wall per step minus those phases: host work), and a hash of the output tokens (greedy outputs
+are the target's own in every method). ``none`` runs once per C (K does not apply; ``k`` = 0).
+
+Results are keyed per config and written after every config (atomic rename): a rerun skips
+finished configs and merges. With ``--max-minutes`` the run stops before a config that would end
+past the limit (estimated by the slowest config so far; at least one config runs per invocation)
+and exits with status 75 ("run me again"); 0 when every config is done.
+``--projection`` also times the passes of a ~1B random-weight target (:mod:`.projection`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+EXIT_MORE_WORK = 75
+METHODS = ("peagle", "eagle3", "none")
+DEFAULT_KS = (1, 3, 5, 7, 10)
+DEFAULT_CONCURRENCY = (1, 16, 64)
+SCHEMA = 1
+
+
+def config_key(method: str, k: int, concurrency: int) -> str:
+    return f"{method},K={0 if method == 'none' else k},C={concurrency}"
+
+
+def plan(methods, ks, concurrencies) -> list[tuple[str, int, int]]:
+    """Configs in run order: per concurrency, ``none`` once, then every K for each method."""
+    out = []
+    for c in concurrencies:
+        if "none" in methods:
+            out.append(("none", 0, c))
+        for k in ks:
+            out += [(m, k, c) for m in methods if m != "none"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Results file
+# ---------------------------------------------------------------------------------------------
+
+
+class ResultsFile:
+    """``{"gpu", "commit", "command", "torch", "settings", "configs": {key: row},
+    "projection": {key: row}, ...}``, rewritten atomically after every config."""
+
+    def __init__(self, path: str | Path, settings: dict) -> None:
+        self.path = Path(path)
+        self.data = {"schema": SCHEMA, "settings": settings, "configs": {}, "projection": {}}
+        if self.path.is_file():
+            old = json.loads(self.path.read_text())
+            if old.get("settings") != settings:
+                raise SystemExit(
+                    f"peagle bench e2e: {self.path} was made with other settings "
+                    f"({old.get('settings')}); these are {settings}. Use another --out or delete "
+                    "it to start over."
+                )
+            self.data.update(old)
+        self.data.setdefault("projection", {})
+
+    @property
+    def configs(self) -> dict:
+        return self.data["configs"]
+
+    @property
+    def projection(self) -> dict:
+        return self.data["projection"]
+
+    def write(self, extra: dict | None = None) -> None:
+        from peagle.bench.timing import command_line, git_commit, gpu_name, write_json_atomic
+
+        self.data.update(
+            gpu=gpu_name(), commit=git_commit(), torch=torch.__version__,
+            python=sys.version.split()[0], **(extra or {}),
+        )  # fmt: skip
+        cmds = self.data.setdefault("commands", [])
+        cmd = command_line()
+        if cmd not in cmds:
+            cmds.append(cmd)
+        self.data["command"] = cmds[0]
+        write_json_atomic(self.path, self.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# One config
+# ---------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def outputs_digest(token_lists: list[list[int]]) -> str:
+    return hashlib.sha1(json.dumps(token_lists).encode()).hexdigest()[:16]
+
+
+def run_config(
+    target, drafter, method: str, k: int, concurrency: int, prompts: list[list[int]],
+    max_new_tokens: int, cuda_graphs: str = "auto",
+) -> dict:  # fmt: skip
+    """Measure one config (see the module docstring); returns its row."""
+    from peagle.decode import SamplingParams, SpecDecoder
+
+    device = target.device
+    engine = SpecDecoder(
+        target,
+        None if method == "none" else drafter,
+        method=method,
+        num_speculative_tokens=max(k, 1),
+        max_num_seqs=concurrency,
+        max_model_len=max(len(p) for p in prompts) + max_new_tokens + 1,
+        cuda_graphs=cuda_graphs,
+    )
+    if engine.graphs is not None:
+        engine.graphs.capture_all()
+    warm = SamplingParams(max_new_tokens=min(max_new_tokens, 2 * k + 4), ignore_eos=True)
+    engine.generate(prompts[:concurrency], warm)
+    _sync(device)
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    done, steps = {}, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            done[out.request_id] = out
+        steps += 1
+    _sync(device)
+    wall = time.perf_counter() - t0
+    outs = [done[i] for i in ids]
+    del engine
+
+    st = [o.stats for o in outs]
+    tokens = sum(len(o.token_ids) for o in outs)
+    spec_steps = sum(s.num_spec_steps for s in st)
+    accepted = sum(s.num_accepted_tokens for s in st)
+    width = max((len(s.drafted_per_position) for s in st), default=0)
+    drafted_pos, accepted_pos = [0] * width, [0] * width
+    for s in st:
+        for j, (a, d) in enumerate(
+            zip(s.accepted_per_position, s.drafted_per_position, strict=True)
+        ):
+            accepted_pos[j] += a
+            drafted_pos[j] += d
+    per_step = lambda attr: statistics.mean(getattr(s, attr) / s.num_steps for s in st) * 1e3
+    target_ms, drafter_ms = per_step("target_time_s"), per_step("drafter_time_s")
+    wall_ms = statistics.mean(s.wall_time_s / s.num_steps for s in st) * 1e3
+    tpot = statistics.mean(s.wall_time_s / s.num_generated_tokens for s in st)
+    per_pos = [round(a / d, 4) for a, d in zip(accepted_pos, drafted_pos, strict=True)]
+    return {
+        "method": method,
+        "k": 0 if method == "none" else k,
+        "concurrency": concurrency,
+        "num_requests": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "output_tokens": tokens,
+        "wall_s": round(wall, 4),
+        "tokens_per_s": round(tokens / wall, 2),
+        "tpot_ms": round(tpot * 1e3, 4),
+        "acceptance_length": round(1.0 + accepted / spec_steps, 4) if spec_steps else 1.0,
+        "tokens_per_step": round(
+            statistics.mean(s.num_generated_tokens / s.num_steps for s in st), 4
+        ),
+        "steps": steps,
+        "per_position_acceptance": per_pos,
+        "target_ms_per_step": round(target_ms, 4),
+        "drafter_ms_per_step": round(drafter_ms, 4),
+        "overhead_ms_per_step": round(max(wall_ms - target_ms - drafter_ms, 0.0), 4),
+        "cuda_graphs": device.type == "cuda" and cuda_graphs != "off",
+        "outputs_sha1": outputs_digest([o.token_ids for o in outs]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Command
+# ---------------------------------------------------------------------------------------------
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument(
+        "--out",
+        default="benchmarks/results/e2e-h200.json",
+        help="results JSON, merged with and resumed from (default: %(default)s)",
+    )
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument("--k", nargs="+", type=int, default=list(DEFAULT_KS), help="K values")
+    ap.add_argument(
+        "--concurrency",
+        nargs="+",
+        type=int,
+        default=list(DEFAULT_CONCURRENCY),
+        help="requests decoded together (the engine's max_num_seqs)",
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request")
+    ap.add_argument(
+        "--num-prompts",
+        type=int,
+        default=64,
+        help="held-out prompts (requests) per config; at least the largest concurrency",
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="stop before a config that would end past this; exit 75 when work is left "
+        "(0 = no limit)",
+    )
+    ap.add_argument(
+        "--max-configs",
+        type=int,
+        default=0,
+        help="measure at most this many configs in this run, then exit 75 if work is left "
+        "(0 = all)",
+    )
+    ap.add_argument(
+        "--projection",
+        action="store_true",
+        help="also time the verify / drafter passes of a ~1B random-weight target "
+        "(docs/benchmarks.md); projected rows are labelled",
+    )
+    ap.add_argument("--projection-only", action="store_true", help="skip the measured configs")
+    ap.add_argument(
+        "--projection-shape",
+        default="1b",
+        choices=("1b", "tiny"),
+        help="1b: Llama-3.2-1B shape (default); tiny: hidden 128 (CPU tests)",
+    )
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
+
+
+def _load_pair(device, dtype, methods) -> dict:
+    """``{method: (target, drafter)}``: ONE target shared by every method (the engine points its
+    feature layers at each drafter's own ids), the drafters loaded as ``load_model_pair`` does."""
+    from peagle import default_models
+    from peagle.models import Eagle3Drafter, load_model_pair
+
+    if not default_models.available():
+        raise SystemExit("peagle bench e2e: this build has no packaged default model pair")
+    # The peagle drafter's feature layers: the 4-layer default target has no valid default
+    # auxiliary layers of its own ("none" never reads them).
+    target, peagle = load_model_pair(
+        str(default_models.target_dir()),
+        str(default_models.drafter_dir("peagle")),
+        device=device,
+        dtype=dtype,
+    )
+    pairs = {}
+    for m in methods:
+        if m == "none":
+            pairs[m] = (target, None)
+        elif m == "peagle":
+            pairs[m] = (target, peagle)
+        else:
+            drafter = Eagle3Drafter.from_pretrained(
+                str(default_models.drafter_dir(m)),
+                dtype=dtype,
+                device=device,
+                shared_embed_tokens=target.embed_tokens.weight.detach(),
+                shared_lm_head=target.lm_head.weight.detach(),
+            )
+            drafter.check_target(target.hidden_size, target.vocab_size)
+            pairs[m] = (target, drafter)
+    return pairs
+
+
+def _prompts(num: int) -> tuple[list[list[int]], dict]:
+    from transformers import AutoTokenizer
+
+    from peagle import default_models
+    from peagle.bench.prompts import held_out_prompts
+
+    info = default_models.info()
+    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
+    ev = info.get("eval", {})
+    prompts = held_out_prompts(
+        tok, num, info["corpus"]["held_out_modules"], prompt_tokens=96,
+        new_tokens=int(ev.get("max_new_tokens", 96)),
+    )  # fmt: skip
+    meta = {"held_out_modules": info["corpus"]["held_out_modules"], "prompt_tokens": 96,
+            "pair_python_version": info.get("python_version")}  # fmt: skip
+    return [p["token_ids"] for p in prompts], meta
+
+
+class Budget:
+    """Stops a run before a config that would end past ``limit_s`` (the slowest config so far is
+    the estimate) or after ``max_configs`` configs; never before the first config of a run, so
+    every invocation makes progress."""
+
+    def __init__(self, limit_s: float, max_configs: int = 0) -> None:
+        self.start = time.monotonic()
+        self.limit_s = limit_s
+        self.max_configs = max_configs
+        self.ran = 0
+        self.slowest = 0.0
+
+    def expired(self) -> bool:
+        if self.ran == 0:
+            return False
+        if self.max_configs and self.ran >= self.max_configs:
+            return True
+        return time.monotonic() - self.start + self.slowest > self.limit_s
+
+    def record(self, seconds: float) -> None:
+        self.ran += 1
+        self.slowest = max(self.slowest, seconds)
+
+
+def run(args: argparse.Namespace) -> int:
+    from peagle.bench.timing import git_commit
+
+    budget = Budget(args.max_minutes * 60 if args.max_minutes > 0 else float("inf"),
+                    args.max_configs)  # fmt: skip
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("peagle bench e2e: --device cuda but torch sees no CUDA device")
+    if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
+        raise SystemExit("peagle bench e2e: --k and --concurrency values must be >= 1")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    num_prompts = max(args.num_prompts, max(args.concurrency))
+    settings = {
+        "device": device.type, "dtype": str(dtype).removeprefix("torch."),
+        "max_new_tokens": args.max_new_tokens, "num_prompts": num_prompts, "greedy": True,
+        "ignore_eos": True, "cuda_graphs": not args.no_cuda_graphs,
+        "projection_shape": args.projection_shape,
+    }  # fmt: skip
+    res = ResultsFile(args.out, settings)
+    configs = plan(args.methods, args.k, args.concurrency)
+    todo = [] if args.projection_only else configs
+    todo = [c for c in todo if config_key(*c) not in res.configs]
+    proj_todo = configs if (args.projection or args.projection_only) else []
+    proj_todo = [c for c in proj_todo if config_key(*c) not in res.projection]
+
+    if todo:
+        pairs = _load_pair(device, dtype, sorted({m for m, _, _ in todo}))
+        prompts, meta = _prompts(num_prompts)
+        res.data["prompts"] = meta
+        graphs = "off" if args.no_cuda_graphs else "auto"
+        for i, (method, k, c) in enumerate(todo):
+            if budget.expired():
+                res.write()
+                left = len(todo) - i + len(proj_todo)
+                print(f"stopping: {left} configs left; run the same command again", flush=True)
+                return EXIT_MORE_WORK
+            t0 = time.monotonic()
+            target, drafter = pairs[method]
+            row = run_config(target, drafter, method, k, c, prompts, args.max_new_tokens, graphs)
+            row["commit"] = git_commit()
+            res.configs[config_key(method, k, c)] = row
+            res.write()
+            budget.record(time.monotonic() - t0)
+            print(f"{config_key(method, k, c):22s} {row['tokens_per_s']:10.1f} tok/s  "
+                  f"TPOT {row['tpot_ms']:8.3f} ms  AL {row['acceptance_length']:.3f}  "
+                  f"steps {row['steps']}  ({time.monotonic() - t0:.1f} s)", flush=True)  # fmt: skip
+            gc.collect()  # the engine and its CUDA graphs reference each other
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        del pairs
+    if proj_todo and not run_projection(args, res, proj_todo, device, budget):
+        return EXIT_MORE_WORK
+    res.write()
+    check_greedy_match(res.configs)
+    from peagle.bench.tune import print_tables
+
+    print_tables(res.data)
+    print(f"wrote {res.path}")
+    return 0
+
+
+def run_projection(args, res: ResultsFile, todo, device, budget: Budget) -> bool:
+    """Time the projection configs in ``todo``; False when stopped by the budget."""
+    from peagle.bench import projection as P
+
+    shape = P.ProjectionShape() if args.projection_shape == "1b" else P.TINY_SHAPE
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    res.data["projection_shape"] = {**shape.to_dict(), "description": shape.describe()}
+    target, drafters = None, {}
+    for i, (method, k, c) in enumerate(todo):
+        if budget.expired():
+            res.write()
+            print(f"stopping: {len(todo) - i} projection configs left; run the same command "
+                  "again", flush=True)  # fmt: skip
+            return False
+        t0 = time.monotonic()
+        if target is None:
+            target = P.build_target(shape, device, dtype)
+        if method != "none" and method not in drafters:
+            drafters[method] = P.build_drafter(shape, method, target)
+        row = P.time_passes(target, drafters.get(method), method, k, c, shape,
+                            replays=20 if device.type == "cuda" else 3)  # fmt: skip
+        row.update(method=method, k=0 if method == "none" else k, concurrency=c,
+                   projection=True)  # fmt: skip
+        res.projection[config_key(method, k, c)] = row
+        res.write()
+        budget.record(time.monotonic() - t0)
+        print(f"projection {config_key(method, k, c):22s} verify {row['t_verify_ms']:.3f} ms  "
+              f"draft {row['t_draft_ms']:.3f} ms", flush=True)  # fmt: skip
+    return True
+
+
+def check_greedy_match(configs: dict) -> bool:
+    """Print whether every config produced the same greedy tokens; returns True if so."""
+    digests = {r["outputs_sha1"] for r in configs.values()}
+    if len(digests) <= 1:
+        print(f"greedy outputs identical across {len(configs)} configs")
+        return True
+    print(f"note: greedy outputs differ across configs ({len(digests)} distinct); in bf16 on a "
+          "GPU different batch shapes can flip near-tied argmaxes", file=sys.stderr)  # fmt: skip
+    return False

@@ -1,0 +1,153 @@
+"""``peagle bench``: kernel benchmarks against their peers, end-to-end decode, docs report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+DESCRIPTION = """\
+Benchmarks that users can rerun (method: docs/benchmarks.md).
+
+  ops     every op against its peer in the same run, on a CUDA GPU: prepare_draft_inputs vs a
+          vLLM-style multi-op path (+ a gather floor), verify_chain vs a vLLM-style multi-op
+          sampler, paged_attention vs torch SDPA / FlexAttention, write_kv_cache vs torch
+          index_copy_. Writes
+          benchmarks/results/<family>-h200.json.
+  e2e     decode with the packaged default pair: P-EAGLE vs EAGLE-3 vs no speculation per K and
+          concurrency, on held-out prompts (tokens/s, TPOT, acceptance length); resumable
+          chunks; --projection adds a labelled projection for a ~1B target.
+  report  docs/results.md tables and docs/*.png plots from the results JSON files."""
+
+EPILOG = """\
+examples:
+  peagle bench ops all                                   # prep, verify, attention, kv
+  peagle bench ops prep --out benchmarks/results/prep-h200.json
+  peagle bench ops attention --filter h32-8 --no-flex --out /tmp/attention.json
+  peagle bench e2e --device cuda --out benchmarks/results/e2e-h200.json --max-minutes 8.5
+  peagle bench e2e --device cuda --projection --projection-only --max-minutes 8.5
+  peagle bench e2e --device cpu --k 1 3 --concurrency 1 2 --num-prompts 2 \\
+      --max-new-tokens 16 --out /tmp/e2e-cpu.json
+  peagle bench report                                    # rewrite docs/results.md + plots
+  peagle tune --results benchmarks/results/e2e-h200.json --concurrency 1
+"""
+
+FAMILIES = {
+    "prep": "peagle.bench.prep",
+    "verify": "peagle.bench.verify",
+    "attention": "peagle.bench.attention",
+    "kv": "peagle.bench.kv_cache",
+}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmarks: ops vs peers, end-to-end decode, docs report",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    sub.required = True
+
+    ops = sub.add_parser(
+        "ops",
+        help="every op against its peer in the same run (CUDA)",
+        description="Time peagle's ops and their peers in one process on the same inputs "
+        "(CUDA graphs, CUDA events, medians, cold L2; docs/benchmarks.md). Needs a CUDA GPU.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fam = ops.add_subparsers(dest="family", metavar="FAMILY")
+    fam.required = True
+    for name, module in FAMILIES.items():
+        mod = importlib.import_module(module)
+        fp = fam.add_parser(
+            name,
+            help=mod.DESCRIPTION,
+            description=mod.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(fp)
+        fp.set_defaults(run=run_ops)
+    allp = fam.add_parser("all", help="every family with its default cases")
+    allp.add_argument(
+        "--out-dir",
+        default="benchmarks/results",
+        help="writes <family>-<gpu-tag>.json here (default: %(default)s)",
+    )
+    allp.add_argument("--gpu-tag", default="h200", help="file-name tag (default: %(default)s)")
+    allp.add_argument("--no-flex", action="store_true", help="attention: skip FlexAttention")
+    allp.set_defaults(run=run_ops)
+
+    e2e = sub.add_parser(
+        "e2e",
+        help="decode throughput: P-EAGLE vs EAGLE-3 vs none (default pair)",
+        description=importlib.import_module("peagle.bench.e2e").__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    importlib.import_module("peagle.bench.e2e").add_arguments(e2e)
+    e2e.set_defaults(run=run_e2e)
+
+    rep = sub.add_parser(
+        "report",
+        help="rewrite docs/results.md and the docs/*.png plots from the results JSON",
+        description="Rewrite docs/results.md and docs/kernels-h200.png, "
+        "docs/e2e-tokens-per-s-vs-k.png, docs/e2e-speedup-vs-concurrency.png from "
+        "benchmarks/results/*-h200.json (needs matplotlib for the plots).",
+    )
+    rep.add_argument("--results-dir", default="benchmarks/results")
+    rep.add_argument("--docs-dir", default="docs")
+    rep.set_defaults(run=run_report)
+    return p
+
+
+def _require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "peagle bench ops: needs a CUDA GPU (torch.cuda.is_available() is False): the op "
+            "benchmarks time CUDA kernels and their peers with CUDA events and CUDA graphs. On the "
+            "CPU, run `peagle bench e2e --device cpu` or the tests instead."
+        )
+
+
+def run_ops(args) -> int:
+    _require_cuda()
+    if args.family != "all":
+        importlib.import_module(FAMILIES[args.family]).run(args)
+        return 0
+    failed = []
+    for name, module in FAMILIES.items():
+        mod = importlib.import_module(module)
+        fp = argparse.ArgumentParser()
+        mod.add_arguments(fp)
+        out = str(Path(args.out_dir) / f"{name}-{args.gpu_tag}.json")
+        extra = ["--no-flex"] if name == "attention" and args.no_flex else []
+        print(f"=== peagle bench ops {name} -> {out}", flush=True)
+        try:
+            mod.run(fp.parse_args(["--out", out, *extra]))
+        except Exception as e:  # noqa: BLE001  (report, run the other families, fail at the end)
+            import traceback
+
+            traceback.print_exc()
+            failed.append(f"{name}: {type(e).__name__}: {e}")
+    if failed:
+        raise SystemExit("peagle bench ops all: failed families:\n  " + "\n  ".join(failed))
+    return 0
+
+
+def run_e2e(args) -> int:
+    from peagle.bench import e2e
+
+    return e2e.run(args)
+
+
+def run_report(args) -> int:
+    from peagle.bench import report
+
+    report.generate(Path(args.results_dir), Path(args.docs_dir))
+    return 0

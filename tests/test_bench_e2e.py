@@ -1,0 +1,195 @@
+"""``peagle bench e2e`` on the CPU with tiny settings: schema, resumable chunks, greedy outputs
+identical across methods, held-out prompts, and the projection's code path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peagle import default_models
+from peagle.bench import e2e, projection
+from peagle.cli import main
+
+pytestmark = pytest.mark.skipif(not default_models.available(), reason="no default pair")
+
+TINY = ["--device", "cpu", "--k", "2", "--concurrency", "1", "2", "--num-prompts", "2",
+        "--max-new-tokens", "8"]  # fmt: skip
+ROW_KEYS = {
+    "method", "k", "concurrency", "num_requests", "max_new_tokens", "output_tokens", "wall_s",
+    "tokens_per_s", "tpot_ms", "acceptance_length", "tokens_per_step", "steps",
+    "per_position_acceptance", "target_ms_per_step", "drafter_ms_per_step",
+    "overhead_ms_per_step", "cuda_graphs", "outputs_sha1", "commit",
+}  # fmt: skip
+
+
+def test_plan_runs_none_once_per_concurrency():
+    got = e2e.plan(["peagle", "eagle3", "none"], [1, 3], [1, 16])
+    assert got == [("none", 0, 1), ("peagle", 1, 1), ("eagle3", 1, 1), ("peagle", 3, 1),
+                   ("eagle3", 3, 1), ("none", 0, 16), ("peagle", 1, 16), ("eagle3", 1, 16),
+                   ("peagle", 3, 16), ("eagle3", 3, 16)]  # fmt: skip
+    assert e2e.config_key("none", 7, 4) == "none,K=0,C=4"
+
+
+def test_e2e_resumes_in_chunks_and_merges(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    # Chunk 1: a config limit stops the run with work left -> 75.
+    assert main(["bench", "e2e", *TINY, "--out", str(out), "--max-configs", "2"]) == 75
+    first = json.loads(out.read_text())
+    assert list(first["configs"]) == ["none,K=0,C=1", "peagle,K=2,C=1"]
+    # Chunk 2: a tiny time limit still makes progress (one config), then stops -> 75.
+    assert main(["bench", "e2e", *TINY, "--out", str(out), "--max-minutes", "1e-6"]) == 75
+    second = json.loads(out.read_text())
+    assert len(second["configs"]) == 3
+    # Chunk 3: finishes -> 0; finished configs are kept, not re-run.
+    assert main(["bench", "e2e", *TINY, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["configs"]) == 6  # 2 concurrencies x (none + 2 methods x 1 K)
+    for key, row in first["configs"].items():
+        assert data["configs"][key] == row
+    for key in ("gpu", "commit", "command", "torch", "settings", "prompts"):
+        assert key in data
+    assert data["gpu"] == "cpu" and data["settings"]["max_new_tokens"] == 8
+    assert (
+        data["prompts"]["held_out_modules"] == default_models.info()["corpus"]["held_out_modules"]
+    )
+    for key, row in data["configs"].items():
+        assert set(row) >= ROW_KEYS, key
+        assert e2e.config_key(row["method"], row["k"], row["concurrency"]) == key
+        assert row["output_tokens"] == 2 * 8  # EOS ignored: every request runs to the budget
+        assert row["tokens_per_s"] == pytest.approx(row["output_tokens"] / row["wall_s"], 0.01)
+        if row["method"] == "none":
+            assert row["acceptance_length"] == 1.0 and row["steps"] >= 8
+        else:
+            assert 1.0 <= row["acceptance_length"] <= row["k"] + 1
+            assert len(row["per_position_acceptance"]) == row["k"]
+    # Greedy: every method emits the target's own greedy tokens.
+    assert len({r["outputs_sha1"] for r in data["configs"].values()}) == 1
+    # A rerun with everything done measures nothing and exits 0.
+    assert main(["bench", "e2e", *TINY, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["configs"] == data["configs"]
+    assert "best K for P-EAGLE" in capsys.readouterr().out
+
+
+def test_e2e_refuses_to_merge_other_settings(tmp_path):
+    out = tmp_path / "e2e.json"
+    res = e2e.ResultsFile(out, {"max_new_tokens": 4})
+    res.configs["none,K=0,C=1"] = {"method": "none"}
+    res.write()
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic write: no temporary file left
+    assert e2e.ResultsFile(out, {"max_new_tokens": 4}).configs == res.configs
+    with pytest.raises(SystemExit, match="other settings"):
+        e2e.ResultsFile(out, {"max_new_tokens": 5})
+
+
+def test_held_out_prompts_come_from_held_out_modules():
+    from transformers import AutoTokenizer
+
+    from peagle.bench.prompts import held_out_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
+    modules = default_models.info()["corpus"]["held_out_modules"]
+    a = held_out_prompts(tok, 5, modules)
+    b = held_out_prompts(tok, 7, modules)
+    assert [p["prompt"] for p in a] == [p["prompt"] for p in b[:5]]  # same sequence, extended
+    for p in b:
+        top = p["path"].split("/")[0].removesuffix(".py")
+        assert top in modules
+        assert p["token_ids"] and max(p["token_ids"]) < tok.vocab_size + len(tok.get_added_vocab())
+
+
+def test_projection_times_the_engine_passes(tmp_path, monkeypatch):
+    """The drafter runs ONE pass over 2K rows per request for P-EAGLE and K passes for EAGLE-3,
+    through the engine's own draft path."""
+    shape = projection.TINY_SHAPE
+    target = projection.build_target(shape, "cpu", projection.torch.float32)
+    k, c = 3, 2
+    # P-EAGLE: one pass over [K+1 verified rows | K-1 mask rows] = 2K rows per request.
+    # EAGLE-3: a first pass over the K+1 verified rows, then K-1 one-row passes.
+    for method, rows in (("peagle", [c * 2 * k]), ("eagle3", [c * (k + 1)] + [c] * (k - 1))):
+        drafter = projection.build_drafter(shape, method, target)
+        seen = []
+        orig = type(drafter).forward
+
+        def spy(self, input_ids, *a, _orig=orig, _seen=seen, **kw):
+            _seen.append(input_ids.shape[0])
+            return _orig(self, input_ids, *a, **kw)
+
+        monkeypatch.setattr(type(drafter), "forward", spy)
+        t = projection.time_passes(target, drafter, method, k, c, shape, replays=2)
+        monkeypatch.setattr(type(drafter), "forward", orig)
+        assert t["t_verify_ms"] > 0 and t["t_draft_ms"] > 0
+        calls = 1 + 2  # time_fn: one warm-up call + 2 timed replays
+        assert seen == rows * calls, (method, seen)
+    t = projection.time_passes(target, None, "none", k, c, shape, replays=1)
+    assert t["t_draft_ms"] == 0.0 and t["t_verify_ms"] > 0
+
+
+def test_projection_cli_rows_are_labelled(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    argv = ["bench", "e2e", "--device", "cpu", "--projection-only", "--projection-shape", "tiny",
+            "--k", "2", "--concurrency", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["configs"] == {}
+    assert set(data["projection"]) == {"none,K=0,C=1", "peagle,K=2,C=1", "eagle3,K=2,C=1"}
+    assert all(r["projection"] is True for r in data["projection"].values())
+    assert "hidden 128" in data["projection_shape"]["description"]
+    printed = capsys.readouterr().out
+    assert "[PROJECTION]" in printed
+
+
+def test_project_formula_and_sources():
+    timings = {
+        "peagle,K=3,C=4": {"method": "peagle", "k": 3, "concurrency": 4, "t_verify_ms": 2.0,
+                           "t_draft_ms": 1.0},
+        "eagle3,K=3,C=4": {"method": "eagle3", "k": 3, "concurrency": 4, "t_verify_ms": 2.0,
+                           "t_draft_ms": 3.0},
+        "none,K=0,C=4": {"method": "none", "k": 0, "concurrency": 4, "t_verify_ms": 1.5,
+                         "t_draft_ms": 0.0},
+    }  # fmt: skip
+    measured = {
+        "peagle,K=3,C=4": {"method": "peagle", "k": 3, "concurrency": 4,
+                           "acceptance_length": 2.5, "overhead_ms_per_step": 1.0},
+    }  # fmt: skip
+    rows = {r["method"]: r for r in projection.project(timings, measured, {"eagle3": {"3": 2.0}})}
+    p = rows["peagle"]
+    assert p["projection"] is True and p["al_source"] == "e2e" and p["overhead_source"] == "e2e"
+    assert p["tokens_per_s"] == pytest.approx(4 * 2.5 / ((2.0 + 1.0 + 1.0) / 1e3), rel=1e-3)
+    e = rows["eagle3"]
+    assert e["al_source"] == "pair.json" and e["acceptance_length"] == 2.0
+    assert e["overhead_source"] == "e2e (all configs)"  # no eagle3 row: median of all rows
+    assert e["tokens_per_s"] == pytest.approx(4 * 2.0 / ((2.0 + 3.0 + 1.0) / 1e3), rel=1e-3)
+    n = rows["none"]
+    assert n["acceptance_length"] == 1.0
+    assert n["tokens_per_s"] == pytest.approx(4 / ((1.5 + 1.0) / 1e3), rel=1e-3)
+
+
+def test_tune_run_measures_first(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    argv = ["tune", "--run", "--device", "cpu", "--methods", "none", "peagle", "--k", "1",
+            "--concurrency", "1", "--num-prompts", "1", "--max-new-tokens", "4",
+            "--results", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert set(json.loads(out.read_text())["configs"]) == {"none,K=0,C=1", "peagle,K=1,C=1"}
+    assert "best K for P-EAGLE : K=1" in capsys.readouterr().out
+
+
+def test_run_config_through_the_graph_layout():
+    """cuda_graphs="emulate" runs the CUDA-graph static-buffer path eagerly (capture_all
+    included): same greedy tokens as the plain eager loop."""
+    from transformers import AutoTokenizer
+
+    from peagle.bench.prompts import held_out_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
+    prompts = held_out_prompts(tok, 3, default_models.info()["corpus"]["held_out_modules"])
+    ids = [p["token_ids"] for p in prompts]
+    pairs = e2e._load_pair("cpu", projection.torch.float32, ["peagle", "eagle3"])
+    for method in ("peagle", "eagle3"):
+        target, drafter = pairs[method]
+        rows = [e2e.run_config(target, drafter, method, 3, 2, ids, 10, graphs)
+                for graphs in ("off", "emulate")]  # fmt: skip
+        assert rows[0]["outputs_sha1"] == rows[1]["outputs_sha1"]
+        assert rows[0]["acceptance_length"] == rows[1]["acceptance_length"]
+        assert rows[1]["output_tokens"] == 30 and rows[1]["num_requests"] == 3

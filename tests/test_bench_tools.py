@@ -1,0 +1,202 @@
+"""``peagle tune`` tables, ``peagle bench ops`` without CUDA, the results JSON writer, the
+report's timing-mode parsing, and the plots (synthetic results, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+from peagle.bench import report, timing, tune
+from peagle.cli import build_parser, main
+
+
+def row(method, k, c, tps, al=2.0, overhead=0.5):
+    return {"method": method, "k": k, "concurrency": c, "tokens_per_s": tps,
+            "acceptance_length": al, "overhead_ms_per_step": overhead}  # fmt: skip
+
+
+def synthetic_e2e(with_projection: bool = True) -> dict:
+    configs = {}
+    for c, scale in ((1, 1.0), (16, 10.0)):
+        configs[f"none,K=0,C={c}"] = row("none", 0, c, 100 * scale, 1.0)
+        for k, p, e in ((1, 120, 130), (3, 150, 110), (5, 140, 95), (7, 90, 80)):
+            configs[f"peagle,K={k},C={c}"] = row("peagle", k, c, p * scale, 1.5 + k / 10)
+            configs[f"eagle3,K={k},C={c}"] = row("eagle3", k, c, e * scale, 1.6 + k / 10)
+    data = {"gpu": "Synthetic GPU", "commit": "abc", "command": "peagle bench e2e", "torch": "x",
+            "settings": {"max_new_tokens": 128, "num_prompts": 64, "dtype": "bfloat16",
+                         "cuda_graphs": True},
+            "configs": configs, "projection": {}}  # fmt: skip
+    if with_projection:
+        for k in (1, 3, 5, 7):
+            for m, draft in (("peagle", 1.0), ("eagle3", 0.6 * k)):
+                data["projection"][f"{m},K={k},C=1"] = {
+                    "method": m, "k": k, "concurrency": 1, "t_verify_ms": 10.0 + k,
+                    "t_draft_ms": draft, "projection": True}  # fmt: skip
+        data["projection"]["none,K=0,C=1"] = {"method": "none", "k": 0, "concurrency": 1,
+                                              "t_verify_ms": 9.5, "t_draft_ms": 0.0,
+                                              "projection": True}  # fmt: skip
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# tune
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tune_best_k_and_break_even():
+    a = tune.analyse(tune.measured_rows(synthetic_e2e()), 1)
+    assert a["none_tokens_per_s"] == 100
+    assert a["best"]["peagle"] == {"k": 3, "tokens_per_s": 150, "speedup": 1.5, "pays": True}
+    assert a["best"]["eagle3"]["k"] == 1 and a["best"]["eagle3"]["speedup"] == 1.3
+    assert a["peagle_over_eagle3"] == pytest.approx(150 / 130, abs=1e-3)
+    by_k = {r["k"]: r for r in a["table"]}
+    assert [r["k"] for r in a["table"]] == [1, 3, 5, 7]
+    assert by_k[7]["peagle"]["pays"] is False and by_k[5]["peagle"]["pays"] is True
+    assert by_k[5]["eagle3"]["pays"] is False and by_k[3]["eagle3"]["pays"] is True
+    assert by_k[7]["eagle3"]["speedup"] == 0.8
+    text = "\n".join(tune.format_analysis(a))
+    assert "K=3" in text and "1.50x over none" in text
+    lines = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip()[:1].isdigit()}
+    assert lines["7"].count(" x") == 2 and lines["1"].count(" x") == 0
+
+
+def test_tune_without_a_none_row_has_no_speedups():
+    rows = [r for r in tune.measured_rows(synthetic_e2e()) if r["method"] != "none"]
+    a = tune.analyse(rows, 16)
+    assert a["none_tokens_per_s"] is None and a["best"]["peagle"]["speedup"] is None
+    assert a["best"]["peagle"]["k"] == 3 and a["best"]["peagle"]["tokens_per_s"] == 1500
+
+
+def test_tune_cli_measured_and_projected(tmp_path, capsys):
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(synthetic_e2e()))
+    assert main(["tune", "--results", str(path), "--concurrency", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    measured = [a for a in out if not a["projection"]]
+    projected = [a for a in out if a["projection"]]
+    assert len(measured) == 1 and measured[0]["best"]["peagle"]["k"] == 3
+    assert len(projected) == 1 and "projection" in projected[0]["source"]
+    # Projection: AL from the measured rows, overhead 0.5 ms (measured), same formula.
+    p3 = {r["k"]: r for r in projected[0]["table"]}[3]["peagle"]
+    assert p3["tokens_per_s"] == pytest.approx(1 * 1.8 / ((13.0 + 1.0 + 0.5) / 1e3), rel=1e-3)
+    assert main(["tune", "--results", str(path), "--concurrency", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "[PROJECTION]" in text and "break-even" in text
+    with pytest.raises(SystemExit, match="no rows"):
+        main(["tune", "--results", str(path), "--concurrency", "3", "--no-projection"])
+    with pytest.raises(SystemExit, match="no results file"):
+        main(["tune", "--results", str(tmp_path / "missing.json")])
+
+
+# ---------------------------------------------------------------------------------------------
+# bench ops / CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def test_help_lists_bench_and_tune():
+    text = build_parser().format_help()
+    assert "bench" in text and "tune" in text and "peagle bench e2e" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
+@pytest.mark.parametrize("family", ["prep", "verify", "attention", "all"])
+def test_bench_ops_refuses_without_cuda(family, tmp_path):
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["bench", "ops", family, *([] if family == "all" else ["--out", str(tmp_path / "x")])])
+    assert not list(tmp_path.iterdir())
+
+
+def test_results_json_schema(tmp_path, monkeypatch):
+    monkeypatch.setenv("PEAGLE_COMMIT", "0123456789ab")
+    res = timing.Results(copy_ceiling_gbps=4321.06, extra={"k": 7})
+    res.add("B=1,K=7,H=4096,graph", "peagle", 7.9876, 123.45, kernels=1)
+    res.add("B=1,K=7,H=4096,graph", "vllm-multiop", 41.0, None)
+    out = tmp_path / "sub" / "prep-h200.json"
+    res.write(out)
+    d = json.loads(out.read_text())
+    assert {"gpu", "commit", "command", "copy_ceiling_gbps", "rows", "torch"} <= set(d)
+    assert d["commit"] == "0123456789ab" and d["copy_ceiling_gbps"] == 4321.1 and d["k"] == 7
+    assert d["rows"][0] == {"case": "B=1,K=7,H=4096,graph", "impl": "peagle",
+                            "median_us": 7.988, "gbps": 123.5, "kernels": 1}  # fmt: skip
+    assert d["rows"][1]["gbps"] is None
+    assert [p.name for p in out.parent.iterdir()] == ["prep-h200.json"]  # no temporary left
+
+
+def test_report_parses_timing_modes():
+    base = "B=1,K=7,H=8"
+    cases = [(f"{base},graph", "graph", base), (f"{base},eager", "eager", base),
+             (f"{base},eager-throughput", "eager-throughput", base),
+             ("B1_q14_h64-8_d64_kv4096", "graph", "B1_q14_h64-8_d64_kv4096")]  # fmt: skip
+    for case, mode, want in cases:
+        r = {"case": case}
+        assert report.mode_of(r) == mode and report.case_of(r) == want
+    assert report.mode_of({"case": "x", "mode": "eager"}) == "eager"
+
+
+@requires_cuda
+def test_eager_throughput_matches_a_known_kernel():
+    """N back-to-back calls of a ~fixed-length kernel: throughput ~ its GPU time, per-call eager
+    median >= it (the event pair per call adds nothing to remove)."""
+    torch.cuda._sleep(1000)
+    fn = lambda i: torch.cuda._sleep(200_000)
+    graph = timing.bench_graph(fn, calls_per_graph=10, replays=10)
+    tput = timing.bench_eager_throughput(fn, calls=50, repeats=3)
+    assert tput == pytest.approx(graph, rel=0.25)
+    assert timing.bench_eager(fn, iters=30) >= 0.9 * tput
+    with pytest.raises(ValueError):
+        timing.bench_eager_throughput(fn, calls=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# report + plots
+# ---------------------------------------------------------------------------------------------
+
+
+def test_report_writes_tables_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    results.mkdir()
+    prep = timing.Results(copy_ceiling_gbps=4000.0)
+    for mode, p, v in (("graph", 8.0, 66.0), ("eager", 20.0, 300.0),
+                       ("eager-throughput", 12.0, 200.0)):  # fmt: skip
+        prep.add(f"B=64,K=7,H=4096,{mode}", "peagle", p, 1000.0)
+        prep.add(f"B=64,K=7,H=4096,{mode}", "vllm-multiop", v, 100.0)
+    prep.write(results / "prep-h200.json")
+    (results / "e2e-h200.json").write_text(json.dumps(synthetic_e2e()))
+    written = report.generate(results, docs)
+    names = {p.name for p in written}
+    assert names == {"results.md", "kernels-h200.png", "e2e-tokens-per-s-vs-k.png",
+                     "e2e-speedup-vs-concurrency.png"}  # fmt: skip
+    for p in written:
+        assert p.stat().st_size > 1000, p
+    md = (docs / "results.md").read_text()
+    assert "Eager, back to back" in md and "| B=64,K=7,H=4096 | 12.0 | 200.0 | 16.7x |" in md
+    assert "best K for peagle: **K=3**" in md and "PROJECTION" in md
+    assert "(e2e-speedup-vs-concurrency.png)" in md
+
+
+def test_plots_skip_empty_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    from peagle.bench import plots
+
+    empty = {"configs": {}, "projection": {}}
+    assert plots.tokens_per_s_vs_k(empty, tmp_path / "a.png") is None
+    assert plots.speedup_vs_concurrency(empty, tmp_path / "b.png") is None
+    assert plots.kernels_pct_of_ceiling({}, tmp_path / "c.png") is None
+    assert not list(tmp_path.iterdir())
+
+
+def test_kv_benchmark_checks_its_peer_on_cpu():
+    from peagle.bench.kv_cache import K, KVCase
+
+    c = KVCase(b=3, hkv=2, d=8, n_sets=2, ctx=40, dtype=torch.float32, device="cpu")
+    assert c.t == 3 * (K + 1) and len(set(c.slots[0].tolist())) == c.t
+    c.check()
+    kc, _ = c.caches["peagle"]
+    assert kc.abs().sum() > 0 and kc[0].abs().sum() == 0  # block 0 (null) never written
+    c.caches["torch-index-copy"][0][0, 0].fill_(1.0)  # a cell neither writes: must be caught
+    with pytest.raises(AssertionError, match="disagree"):
+        c.check()
