@@ -243,8 +243,9 @@ def test_eagle3_gradients_match_independent_ttt(fp64_rmsnorm):
 @requires_cuda
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_flex_attention_gradients_match_dense_on_cuda(partitions):
-    """The compiled FlexAttention path (the CUDA default) against dense SDPA, float32."""
-    target = tiny_target(5)
+    """The compiled FlexAttention path (the CUDA default) against dense SDPA, float32 (head_dim
+    16: the smallest compiled FlexAttention lowers)."""
+    target = tiny_target(5, head_dim=16)
     drafter = tiny_drafter(target, dtype=torch.float32).cuda()
     seq = tiny_sequence(target, drafter.cpu(), 300, dtype=torch.float32)
     drafter.cuda()
@@ -260,3 +261,20 @@ def test_flex_attention_gradients_match_dense_on_cuda(partitions):
     assert out["flex"][0] == pytest.approx(out["dense"][0], rel=1e-4)
     for name, g in out["dense"][1].items():
         torch.testing.assert_close(out["flex"][1][name], g, rtol=2e-3, atol=2e-5, msg=name)
+
+
+def test_flex_refuses_head_dim_below_16_and_auto_falls_back():
+    """Compiled FlexAttention cannot lower head_dim < 16 (found on the H200): explicit ``flex``
+    says so before compiling; ``auto`` takes the chunked SDPA path instead."""
+    target = tiny_target(5)  # head_dim 8
+    drafter = tiny_drafter(target, dtype=torch.float32)
+    seq = tiny_sequence(target, drafter, 40, dtype=torch.float32)
+    el = cod_sample(seq.n, 3, 0.7, 0.2, generator=torch.Generator().manual_seed(0))
+    att = MaskedAttention("flex")
+    q = torch.randn(1, 4, 5, 8)
+    prepared = ("flex", None, None, None)
+    with pytest.raises(ValueError, match="head_dim >= 16"):
+        att(prepared, q, q, q, 1.0)
+    auto = peagle_sequence_step(drafter, seq, el, attention=MaskedAttention("auto"))
+    dense = peagle_sequence_step(drafter, seq, el, attention=MaskedAttention("dense"))
+    assert auto.mean_kl == pytest.approx(dense.mean_kl, rel=1e-5)

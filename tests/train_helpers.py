@@ -12,15 +12,15 @@ VOCAB = 53  # odd on purpose
 MASK_ID = 52
 
 
-def tiny_target(seed: int = 0, layers: int = 4) -> LlamaForCausalLM:
+def tiny_target(seed: int = 0, layers: int = 4, head_dim: int = 8) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=32,
+        hidden_size=4 * head_dim,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
+        head_dim=head_dim,
         intermediate_size=48,
         max_position_embeddings=512,
         tie_word_embeddings=False,

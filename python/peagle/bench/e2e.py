@@ -93,7 +93,8 @@ class ResultsFile:
         from peagle.bench.timing import command_line, git_commit, gpu_name, write_json_atomic
 
         self.data.update(
-            gpu=gpu_name(), commit=git_commit(), torch=torch.__version__,
+            gpu=gpu_name(self.data["settings"].get("device")), commit=git_commit(),
+            torch=torch.__version__,
             python=sys.version.split()[0], **(extra or {}),
         )  # fmt: skip
         cmds = self.data.setdefault("commands", [])

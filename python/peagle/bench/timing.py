@@ -171,7 +171,10 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in words)
 
 
-def gpu_name() -> str:
+def gpu_name(device: str | torch.device | None = None) -> str:
+    """The GPU's name, or "cpu" when ``device`` is a CPU device (or no CUDA device exists)."""
+    if device is not None and torch.device(device).type == "cpu":
+        return "cpu"
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 

@@ -149,12 +149,14 @@ class QuantPlan:
         if self.device.type == "cuda":
             kw["device_map"] = str(self.device)  # MXFP4 swizzling / dequantization on the GPU
         try:
-            return AutoModelForCausalLM.from_pretrained(
+            model = AutoModelForCausalLM.from_pretrained(
                 path,
                 dtype=self.dtype,
                 quantization_config=Mxfp4Config(dequantize=not self.native),
                 **kw,
             )
+            # transformers dequantizes on the GPU to bf16 whatever `dtype` says: honour the plan.
+            return model if self.native else model.to(self.dtype)
         except Exception as e:  # kernel hub unreachable, triton failure, ...
             if self.fallback is None:
                 raise

@@ -14,13 +14,18 @@ from peagle.train.mask import (
 )
 
 ATTENTION_KINDS = ("auto", "flex", "flex-eager", "dense", "chunked")
+FLEX_MIN_HEAD_DIM = 16  # compiled FlexAttention (inductor) needs head_dim >= 16
 
 
 @dataclass
 class MaskedAttention:
     """``kind``: ``flex`` (compiled FlexAttention, block-sparse; the GPU default), ``flex-eager``
     (uncompiled, for tests), ``dense`` (SDPA with a ``[Q, K]`` bool mask), ``chunked`` (SDPA over
-    query chunks of ``chunk_size`` rows; the CPU default), ``auto`` (flex on CUDA, else chunked).
+    query chunks of ``chunk_size`` rows; the CPU default), ``auto`` (flex on CUDA, else chunked;
+    chunked also on CUDA when head_dim < 16, which compiled FlexAttention cannot lower).
+
+    Raises:
+        ValueError: unknown kind; ``flex`` with head_dim < 16.
     """
 
     kind: str = "auto"
@@ -43,6 +48,13 @@ class MaskedAttention:
 
     def __call__(self, prepared, q, k, v, scale: float) -> torch.Tensor:
         kind, block_mask, q_meta, k_meta = prepared
+        if kind == "flex" and q.shape[-1] < FLEX_MIN_HEAD_DIM:
+            if self.kind != "auto":
+                raise ValueError(
+                    f"attention kind 'flex' needs head_dim >= {FLEX_MIN_HEAD_DIM} (compiled "
+                    f"FlexAttention), got {q.shape[-1]}; use 'chunked', 'dense' or 'flex-eager'"
+                )
+            kind = "chunked"
         if kind.startswith("flex"):
             return flex_attention_masked(q, k, v, block_mask, scale=scale, compile=kind == "flex")
         chunk = self.chunk_size if kind == "chunked" else 0
