@@ -89,3 +89,17 @@ def test_generate_uses_the_packaged_pair_by_default(capsys):
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["num_generated_tokens"] == 16 or record["finish_reason"] == "stop"
     assert record["acceptance_length"] >= 1.0 and record["text"]
+
+
+def test_generate_without_speculation_on_the_packaged_target(capsys):
+    """The packaged 4-layer target is too shallow for the EAGLE-3 default feature layers
+    ([2, 2, 1]); without a drafter it needs none (``peagle generate --method none`` crashed)."""
+    from peagle.cli import main
+
+    argv = ["generate", "--prompt", "def parse(text):\n", "--max-new-tokens", "12", "--device",
+            "cpu", "--json", "--no-progress", "--ignore-eos"]  # fmt: skip
+    assert main([*argv, "--method", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*argv, "--method", "peagle", "-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plain["text"] and plain["text"] == spec["text"]

@@ -376,6 +376,24 @@ def test_target_runner_logits_indices_and_errors():
         runner.set_aux_layer_ids([1, 2])
     with pytest.raises(ValueError, match=r"\[0, 7\)"):
         runner.set_aux_layer_ids([2, 3, 7])
+    # A target too shallow for the default [2, L//2, L-3] runs without features until they are
+    # set, and a drafter without named layers is refused with the reason.
+    shallow, g4 = make_target()
+    shallow.model.layers = shallow.model.layers[:4]
+    shallow.config.num_hidden_layers = 4
+    r4 = TargetRunner(shallow)
+    assert r4.aux_layer_ids == []
+    kv4 = r4.make_kv_cache(num_blocks=8, block_size=BLOCK)
+    run4 = PagedRun(kv4, [5], torch.Generator().manual_seed(1))
+    logits4, aux4 = r4.forward(ids, run4.meta([0], [5]), kv4)
+    assert logits4.shape[0] == 5 and aux4.shape == (5, 0)
+    from peagle.decode import SpecDecoder
+
+    with pytest.raises(ValueError, match="too few for the EAGLE-3 default"):
+        SpecDecoder(r4, make_drafter(shallow, g4), method="eagle3", num_speculative_tokens=2,
+                    cuda_graphs="off")  # fmt: skip
+    r4.set_aux_layer_ids([0, 1, 3])
+    assert r4.forward(ids, run4.meta([0], [5]), kv4)[1].shape == (5, 3 * r4.hidden_size)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=11))

@@ -150,6 +150,12 @@ class SpecDecoder:
             drafter.check_target(target.hidden_size, target.vocab_size)
             if drafter.config.aux_layer_ids is not None:
                 target.set_aux_layer_ids(drafter.config.aux_layer_ids)
+            if len(target.aux_layer_ids) != 3:
+                raise ValueError(
+                    f"the target has {target.num_layers} layers, too few for the EAGLE-3 default "
+                    "auxiliary layers [2, L//2, L-3]; the drafter's config must name them "
+                    "(eagle_config.eagle_aux_hidden_state_layer_ids)"
+                )
             self.drafter = drafter
             self.num_spec_tokens = int(num_speculative_tokens)
             self.drafter_max_len = min(

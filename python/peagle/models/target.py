@@ -83,7 +83,8 @@ class TargetRunner:
         model: a loaded ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` /
             ``MistralForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``GptOssForCausalLM``.
         aux_layer_ids: the 3 target layers whose *input* residual stream feeds the drafter
-            (default ``[2, L//2, L-3]``).
+            (default ``[2, L//2, L-3]``; none for targets shallower than 6 layers, whose default
+            is not strictly increasing, until :meth:`set_aux_layer_ids`).
 
     Attributes:
         window_left: per layer, the ``paged_attention`` window (-1 = full attention).
@@ -116,10 +117,14 @@ class TargetRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.num_heads = cfg.num_attention_heads
         self.apply_rope = _rope_function(attn0)
-        self.aux_layer_ids = _check_aux_layer_ids(
-            default_aux_layer_ids(self.num_layers) if aux_layer_ids is None else aux_layer_ids,
-            self.num_layers,
-        )
+        if aux_layer_ids is None:
+            try:
+                ids = _check_aux_layer_ids(default_aux_layer_ids(self.num_layers), self.num_layers)
+            except ValueError:  # too shallow for [2, L//2, L-3]: no features until set
+                ids = []
+        else:
+            ids = _check_aux_layer_ids(aux_layer_ids, self.num_layers)
+        self.aux_layer_ids = ids
         self.window_left = [self._window_left(i) for i in range(self.num_layers)]
         self.has_sinks = [getattr(la.self_attn, "sinks", None) is not None for la in self.layers]
         self.load_plan = None  # set by from_pretrained for quantized checkpoints
@@ -278,7 +283,9 @@ class TargetRunner:
 
         Returns:
             ``(logits [R, V], aux_hidden [T, 3*H])``: logits in the model dtype, and the residual
-            streams at the input of the 3 auxiliary layers, concatenated in layer order.
+            streams at the input of the 3 auxiliary layers, concatenated in layer order
+            (``[T, 0]`` when the runner has no auxiliary layers: a target shallower than 6
+            layers whose ids were never set, used without a drafter).
         """
         x = self.embed_tokens(input_ids.long())
         cos, sin = rope_cos_sin(self.rotary_emb, x, meta.positions)
@@ -292,6 +299,8 @@ class TargetRunner:
         if logits_indices is not None:
             x = x.index_select(0, logits_indices.long())
         logits = self.lm_head(self.norm(x))
+        if not aux:  # no auxiliary layers (no drafter): an empty [T, 0] feature tensor
+            return logits, x.new_empty((input_ids.shape[0], 0))
         return logits, torch.cat(aux, dim=-1)
 
 
