@@ -78,8 +78,19 @@ def test_e2e_refuses_to_merge_other_settings(tmp_path):
     res.write()
     assert not list(tmp_path.glob(".*tmp*"))  # atomic write: no temporary file left
     assert e2e.ResultsFile(out, {"max_new_tokens": 4}).configs == res.configs
-    with pytest.raises(SystemExit, match="other settings"):
+    with pytest.raises(SystemExit, match=r"other settings \(max_new_tokens: 4 there, 5 now\)"):
         e2e.ResultsFile(out, {"max_new_tokens": 5})
+
+
+def test_e2e_resume_ignores_settings_this_run_does_not_use(tmp_path):
+    """A run without --projection resumes a file whose projection_shape differs (a new user's
+    smoke run was refused over it)."""
+    out = tmp_path / "e2e.json"
+    e2e.ResultsFile(out, {"max_new_tokens": 4, "projection_shape": "1b"}).write()
+    new = {"max_new_tokens": 4, "projection_shape": "tiny"}
+    assert e2e.ResultsFile(out, new, ignore=("projection_shape",)).configs == {}
+    with pytest.raises(SystemExit, match="projection_shape"):
+        e2e.ResultsFile(out, new)
 
 
 def test_held_out_prompts_come_from_held_out_modules():
@@ -172,7 +183,7 @@ def test_tune_run_measures_first(tmp_path, capsys):
             "--results", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert set(json.loads(out.read_text())["configs"]) == {"none,K=0,C=1", "peagle,K=1,C=1"}
-    assert "best K for P-EAGLE : K=1" in capsys.readouterr().out
+    assert "best K for P-EAGLE:  K=1" in capsys.readouterr().out
 
 
 def test_run_config_through_the_graph_layout():

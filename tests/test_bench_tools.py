@@ -200,3 +200,13 @@ def test_kv_benchmark_checks_its_peer_on_cpu():
     c.caches["torch-index-copy"][0][0, 0].fill_(1.0)  # a cell neither writes: must be caught
     with pytest.raises(AssertionError, match="disagree"):
         c.check()
+
+
+def test_bench_report_refuses_an_empty_results_dir(tmp_path):
+    """Without results it must not overwrite docs/results.md with an empty report."""
+    from peagle.cli import main
+
+    docs = tmp_path / "docs"
+    with pytest.raises(SystemExit, match="no \\*-h200.json results"):
+        main(["bench", "report", "--results-dir", str(tmp_path / "none"), "--docs-dir", str(docs)])
+    assert not docs.exists()

@@ -67,16 +67,22 @@ class ResultsFile:
     """``{"gpu", "commit", "command", "torch", "settings", "configs": {key: row},
     "projection": {key: row}, ...}``, rewritten atomically after every config."""
 
-    def __init__(self, path: str | Path, settings: dict) -> None:
+    def __init__(self, path: str | Path, settings: dict, ignore: tuple[str, ...] = ()) -> None:
+        """``ignore``: settings this run does not use (a run without ``--projection`` ignores
+        ``projection_shape``); a file that differs only there is resumed with its own values."""
         self.path = Path(path)
         self.data = {"schema": SCHEMA, "settings": settings, "configs": {}, "projection": {}}
         if self.path.is_file():
             old = json.loads(self.path.read_text())
-            if old.get("settings") != settings:
+            old_settings = old.get("settings") or {}
+            keys = sorted(set(old_settings) | set(settings))
+            differ = [k for k in keys if k not in ignore and old_settings.get(k) != settings.get(k)]
+            if differ:
+                what = ", ".join(f"{k}: {old_settings.get(k)!r} there, {settings.get(k)!r} now"
+                                 for k in differ)  # fmt: skip
                 raise SystemExit(
-                    f"peagle bench e2e: {self.path} was made with other settings "
-                    f"({old.get('settings')}); these are {settings}. Use another --out or delete "
-                    "it to start over."
+                    f"peagle bench e2e: {self.path} was made with other settings ({what}). Use "
+                    "another --out or delete it to start over."
                 )
             self.data.update(old)
         self.data.setdefault("projection", {})
@@ -349,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         "ignore_eos": True, "cuda_graphs": not args.no_cuda_graphs,
         "projection_shape": args.projection_shape,
     }  # fmt: skip
-    res = ResultsFile(args.out, settings)
+    projecting = bool(args.projection or args.projection_only)
+    res = ResultsFile(args.out, settings, ignore=() if projecting else ("projection_shape",))
     configs = plan(args.methods, args.k, args.concurrency)
     todo = [] if args.projection_only else configs
     todo = [c for c in todo if config_key(*c) not in res.configs]

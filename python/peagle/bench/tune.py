@@ -89,7 +89,8 @@ def format_analysis(a: dict, label: str = "measured") -> list[str]:
         b = a["best"].get(m)
         if b:
             sp = f", {b['speedup']:.2f}x over none" if b["speedup"] is not None else ""
-            lines.append(f"   best K for {LABELS[m]:8s}: K={b['k']:<3d} {b['tokens_per_s']:.1f} "
+            label = LABELS[m] + ":"
+            lines.append(f"   best K for {label:9s} K={b['k']:<3d} {b['tokens_per_s']:.1f} "
                          f"tok/s{sp}")  # fmt: skip
     if a["peagle_over_eagle3"] is not None:
         lines.append(f"   P-EAGLE / EAGLE-3 at their best K: {a['peagle_over_eagle3']:.2f}x")

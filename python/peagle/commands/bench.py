@@ -98,8 +98,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "docs/e2e-tokens-per-s-vs-k.png, docs/e2e-speedup-vs-concurrency.png from "
         "benchmarks/results/*-h200.json (needs matplotlib for the plots).",
     )
-    rep.add_argument("--results-dir", default="benchmarks/results")
-    rep.add_argument("--docs-dir", default="docs")
+    rep.add_argument("--results-dir", default="benchmarks/results",
+                     help="where the *-h200.json results are (default: %(default)s)")  # fmt: skip
+    rep.add_argument("--docs-dir", default="docs",
+                     help="where results.md and the PNGs go (default: %(default)s)")  # fmt: skip
     rep.set_defaults(run=run_report)
     return p
 
@@ -149,5 +151,11 @@ def run_e2e(args) -> int:
 def run_report(args) -> int:
     from peagle.bench import report
 
-    report.generate(Path(args.results_dir), Path(args.docs_dir))
+    results = Path(args.results_dir)
+    if not sorted(results.glob("*-h200.json")):
+        raise SystemExit(
+            f"peagle bench report: no *-h200.json results in {results} (run `peagle bench ops` / "
+            "`peagle bench e2e` first, or pass --results-dir); nothing written"
+        )
+    report.generate(results, Path(args.docs_dir))
     return 0

@@ -135,7 +135,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="one JSON object per prompt per line: text, num_generated_tokens, "
         "acceptance_length, tokens_per_second, per_position_acceptance, finish_reason, ...",
     )
-    o.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    o.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(run=run)
     return p
 
@@ -279,6 +279,10 @@ def run(args) -> int:
         raise SystemExit("peagle generate: the CUDA kernels run bfloat16/float16; use --dtype auto")
     if args.seed is not None:
         torch.manual_seed(args.seed)
+    if args.no_progress:  # transformers' own "Loading weights" bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         target, drafter = load_model_pair(
