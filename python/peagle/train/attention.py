@@ -56,6 +56,11 @@ class MaskedAttention:
                 )
             kind = "chunked"
         if kind.startswith("flex"):
+            # Under autocast q/k come out of RoPE in float32 (cos/sin follow the float32
+            # embeddings) while v is the projection's bf16; FlexAttention is no autocast op and its
+            # compiled backward refuses mixed dtypes (found reviewing the H200 recipe), so run it
+            # in v's dtype, the dtype autocast gives SDPA.
+            q, k = q.to(v.dtype), k.to(v.dtype)
             return flex_attention_masked(q, k, v, block_mask, scale=scale, compile=kind == "flex")
         chunk = self.chunk_size if kind == "chunked" else 0
         return sdpa_attention(
