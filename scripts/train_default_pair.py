@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,10 +38,46 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from default_pair import stdlib_corpus  # noqa: E402
-from default_pair.recipes import RECIPES, estimate_package_bytes  # noqa: E402
+from default_pair.recipes import (  # noqa: E402
+    RECIPES,
+    estimate_minutes,
+    estimate_package_bytes,
+)
 from default_pair.stages import STAGES, Context  # noqa: E402
 
 EXIT_MORE_WORK = 75
+
+
+def print_plan(recipe, args) -> int:
+    """The --dry-run output; returns 2 when the pair would not fit the package budget."""
+    done_path = args.work_dir / "done.json"
+    done = json.loads(done_path.read_text()) if done_path.is_file() else {}
+    plan = estimate_minutes(recipe)
+    print(f"recipe {recipe.name} (device {args.device}); estimated minutes on one H200:")
+    for name, what, minutes in plan:
+        mark = "done" if all(done.get(s, {}).get("done") for s in name.split("+")) else ""
+        print(f"  {name:<19} {minutes:5.1f}  {mark:<4}  {what}")
+    total = sum(m for _, _, m in plan)
+    left = sum(m for n, _, m in plan if not all(done.get(s, {}).get("done") for s in n.split("+")))
+    print(f"  {'total':<19} {total:5.1f}        ({left:.1f} left in {args.work_dir})")
+    if args.max_minutes > 0:
+        calls = max(1, math.ceil(left / args.max_minutes))
+        print(
+            f"chunks of --max-minutes {args.max_minutes:g}: about {calls} call(s) "
+            "(each also pays ~0.3 min of start-up, and a drafter stage its load + compile)"
+        )
+    sizes = estimate_package_bytes(recipe)
+    total_b = sum(sizes.values())
+    print(
+        "package (bf16): "
+        + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sizes.items())
+        + f"; total {total_b / 2**20:.2f} of {recipe.max_package_bytes / 2**20:.0f} MiB"
+    )
+    print(
+        f"held-out evaluation: {recipe.eval_prompts} prompts x {recipe.eval_prompt_tokens} "
+        f"tokens, {recipe.eval_new_tokens} new tokens, greedy, K = 1..10"
+    )
+    return 0 if total_b <= recipe.max_package_bytes else 2
 
 
 def main(argv=None) -> int:
@@ -65,12 +102,20 @@ def main(argv=None) -> int:
         choices=("auto", "flex", "dense", "chunked"),
         help="peagle train's mask kernel (auto: FlexAttention on CUDA, chunked SDPA on CPU)",
     )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the recipe's plan (stages, settings, estimated H200 minutes, package size) "
+        "and the chunks --max-minutes gives; touch nothing, need no GPU",
+    )
     args = ap.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     recipe = RECIPES[args.recipe or ("gpu" if device.type == "cuda" else "cpu")]
+    if args.dry_run:
+        return print_plan(recipe, args)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     deadline = start + args.max_minutes * 60 if args.max_minutes > 0 else float("inf")
@@ -107,6 +152,7 @@ def main(argv=None) -> int:
         if not finished:
             log(f"stage {stage.name} not finished; run again to continue")
             return EXIT_MORE_WORK
+        ctx.first_stage = False
         done.setdefault(stage.name, {})["done"] = True
         done_path.write_text(json.dumps(done, indent=2, sort_keys=True))
         if args.until == stage.name:

@@ -17,11 +17,18 @@ def acceptance_lengths(
     max_new_tokens: int,
     device: torch.device,
     max_num_seqs: int = 16,
-) -> dict:
+    done: dict | None = None,
+    should_stop=None,
+    on_result=None,
+) -> dict | None:
     """``{K: {"acceptance_length", "per_position_acceptance", "tokens"}}`` over all prompts.
 
     Acceptance length = 1 + accepted drafts / verification steps that carried drafts, pooled over
     the prompts (greedy, EOS ignored so every prompt generates ``max_new_tokens`` tokens).
+
+    Resumable by K: ``done`` holds results already measured (skipped), ``on_result(k, res)`` is
+    called after each K, and ``should_stop()`` is asked after each K; ``None`` is returned when it
+    said stop with Ks left (at least one K is measured per call).
     """
     from transformers import AutoTokenizer
 
@@ -32,8 +39,14 @@ def acceptance_lengths(
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     target, drafter = load_model_pair(str(target_dir), str(drafter_dir), device=device, dtype=dtype)
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    results = {}
+    results = dict(done or {})
+    measured = 0
     for k in ks:
+        if k in results:
+            continue
+        if measured and should_stop is not None and should_stop():
+            return None
+        measured += 1
         engine = SpecDecoder(
             target,
             drafter,
@@ -64,7 +77,9 @@ def acceptance_lengths(
             "spec_steps": steps,
             "tokens": sum(len(o.token_ids) for o in outs),
         }
-    return results
+        if on_result is not None:
+            on_result(k, results[k])
+    return {k: results[k] for k in ks}
 
 
 def load_prompts(path: Path) -> list[str]:

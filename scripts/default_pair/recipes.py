@@ -55,8 +55,9 @@ RECIPES = {
         eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1200, seq_len=256, lr=1e-3),
         draft_vocab_size=1024,
     ),
-    # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5 (not yet run):
-    # a deeper target, a 3-layer P-EAGLE drafter, 6x the drafter tokens of the CPU pair.
+    # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5 (not yet run;
+    # `--device cuda --dry-run` prints the plan): a deeper target trained on 26x the tokens, a
+    # 3-layer P-EAGLE drafter, 12x the drafter tokens of the CPU pair, greedy-only regeneration.
     "gpu": Recipe(
         name="gpu",
         vocab_size=2048,
@@ -72,6 +73,10 @@ RECIPES = {
         eval_prompts=96,
         regen_prompts=12000,
         regen_new_tokens=448,
+        # greedy continuations only: the evaluation is greedy, and a depth-d label after sampled
+        # tokens is the target's distribution behind tokens the drafter cannot know (noise that
+        # caps deep-slot accuracy); the CPU pair mixed greedy and temperature-0.7 batches
+        regen_temperatures=(0.0,),
         regen_batch=256,
     ),
     # A minutes-long run of every stage (checks the script, not a useful pair).
@@ -125,3 +130,81 @@ def estimate_package_bytes(r: Recipe, tokenizer_bytes: int = 130_000) -> dict[st
             n += 3 * h  # mask_hidden
         out[name] = 2 * n + 8 * r.draft_vocab_size + v  # d2t int64, t2d bool
     return out
+
+
+# -- time plan (printed by --dry-run) ---------------------------------------------------------
+# Assumptions for one H200, written down before any GPU run of this recipe (replace them by the
+# measured tok/s of the log after the first run). Every model here is tiny (hidden 256), so the
+# GPU is launch-bound, not FLOP-bound: a step costs a floor of Python + kernel-launch time, and
+# only the target's 16 k-token batches come near the matrix units.
+H200_EFFECTIVE_FLOPS = 100e12  # bf16, small matrices (of ~790 TFLOP/s peak)
+TARGET_STEP_FLOOR_S = 0.012  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager
+HF_DECODE_STEP_S = 0.005  # one cached HF forward of the target (regen), any batch <= 256
+DRAFTER_SEQ_S = {"peagle": 0.020, "eagle3": 0.006}  # per sequence: target fwd, COD, mask, fwd+bwd
+EAGLE3_PASS_S = 0.003  # eagle3: per serial TTT pass (block mask + 1-layer fwd/bwd)
+DRAFTER_START_S = 60.0  # load target + data, compile FlexAttention fwd/bwd (each call)
+ENGINE_STEP_S = 0.015  # one SpecDecoder step (draft + verify), no CUDA graphs
+CPU_STAGES_S = 30.0  # tokenizer + tokenize (CPU work on the device's cores)
+
+
+def target_params(r: Recipe) -> int:
+    t = r.target
+    h, d = t.hidden_size, t.head_dim
+    layer = _layer_params(h, h, h // d, t.num_kv_heads, d, t.intermediate_size)
+    return r.vocab_size * h + h + t.num_layers * layer
+
+
+def estimate_minutes(r: Recipe) -> list[tuple[str, str, float]]:
+    """``[(stage, what it does, estimated minutes on one H200)]`` from the recipe alone."""
+    tt, t = r.target_train, r.target
+    tokens = tt.steps * tt.batch_size * tt.seq_len
+    # 6 N per token (fwd + bwd, tied lm_head counted once in N) + causal attention scores
+    flops = tokens * (6 * target_params(r) + 6 * t.num_layers * t.hidden_size * tt.seq_len)
+    step_s = max(TARGET_STEP_FLOOR_S, flops / tt.steps / H200_EFFECTIVE_FLOPS)
+    plan = [
+        ("tokenizer+tokenize", "BPE + token streams of the stdlib (CPU)", CPU_STAGES_S / 60),
+        (
+            "target",
+            f"{tt.steps} steps x {tt.batch_size} x {tt.seq_len} = {tokens / 1e6:.1f} M tokens, "
+            f"{flops / 1e15:.2f} PFLOP, {step_s * 1e3:.0f} ms/step",
+            (tt.steps * step_s + 10) / 60,
+        ),
+    ]
+    if r.regen_prompts > 0:
+        batches = -(-r.regen_prompts // r.regen_batch)
+        fwd = batches * (r.regen_new_tokens + 1)
+        plan.append(
+            (
+                "regen",
+                f"{r.regen_prompts} x ({r.regen_prompt_tokens} + {r.regen_new_tokens}) tokens, "
+                f"{batches} batches of {r.regen_batch}, {fwd} cached forwards, "
+                f"temperatures {tuple(r.regen_temperatures)}",
+                (fwd * HF_DECODE_STEP_S + 10) / 60,
+            )
+        )
+    for name in ("peagle", "eagle3"):
+        dr = getattr(r, name)
+        seqs = dr.steps * dr.grad_accum
+        per_seq = DRAFTER_SEQ_S[name] + (EAGLE3_PASS_S * dr.k if name == "eagle3" else 0.0)
+        plan.append(
+            (
+                name,
+                f"{dr.num_layers} layers, MLP {dr.intermediate_size}, K {dr.k}, {dr.steps} steps "
+                f"x {dr.grad_accum} x {dr.seq_len} = {seqs * dr.seq_len / 1e6:.1f} M tokens, "
+                f"{per_seq * 1e3:.0f} ms/sequence",
+                (seqs * per_seq + DRAFTER_START_S) / 60,
+            )
+        )
+    batches = -(-r.eval_prompts // 16)
+    steps = 2 * 10 * batches * r.eval_new_tokens / 2.0  # 2 heads, K = 1..10, AL ~2
+    plan.append(("package", "copy bf16 pair, 16 MiB check", 0.05))
+    plan.append(
+        (
+            "measure",
+            f"2 heads x K 1..10 x {r.eval_prompts} prompts x {r.eval_new_tokens} tokens "
+            f"(~{steps:.0f} engine steps at AL ~2)",
+            (steps * ENGINE_STEP_S + 20) / 60,
+        )
+    )
+    plan.append(("report", "docs/default-model-pair-<recipe>.md", 0.05))
+    return plan

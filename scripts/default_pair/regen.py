@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -41,17 +42,40 @@ def regenerate(
     device: torch.device,
     seed: int = 0,
     log=print,
-) -> int:
-    """Write ``{"input_ids": prompt + continuation}`` lines; returns the number of tokens."""
+    deadline: float = float("inf"),
+) -> int | None:
+    """Write ``{"input_ids": prompt + continuation}`` lines; returns the number of tokens, or
+    ``None`` when ``deadline`` (a ``time.monotonic()`` value) passed with batches left.
+
+    Resumable by batch: after each batch the byte length of ``out_path`` and the sampling
+    generator's state go to ``out_path`` + ``.state``; a rerun truncates the file to that length
+    (a batch cut off by a kill is redone) and continues with the same random stream, so a run
+    split into chunks writes the same file as an uninterrupted one. At least one batch is done
+    per call.
+    """
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.numel() - prompt_tokens - 1, (num_prompts,), generator=gen)
-    total = 0
-    with open(out_path, "w") as f:
-        for b, s in enumerate(range(0, num_prompts, batch_size)):
+    total, first_batch = 0, 0
+    state_path = Path(str(out_path) + ".state")
+    if state_path.is_file() and out_path.is_file():
+        st = torch.load(state_path, weights_only=False)
+        first_batch, total = st["batches"], st["tokens"]
+        gen.set_state(st["gen"])
+        with open(out_path, "r+b") as f:
+            f.truncate(st["bytes"])
+        log(f"regen: resumed after {first_batch} batches ({total} tokens)")
+    else:
+        out_path.write_bytes(b"")
+    batches = list(enumerate(range(0, num_prompts, batch_size)))
+    with open(out_path, "ab") as f:
+        for b, s in batches[first_batch:]:
+            if b > first_batch and time.monotonic() > deadline:
+                log(f"regen: paused after {b}/{len(batches)} batches (time limit)")
+                return None
             idx = starts[s : s + batch_size].tolist()
             x = torch.stack([stream[i : i + prompt_tokens] for i in idx]).long().to(device)
             temp = temperatures[b % len(temperatures)]
@@ -67,8 +91,15 @@ def regenerate(
                 cache, logits = _forward(model, nxt, cache)
             seqs = torch.cat([x, *new], dim=1).cpu()
             for row in seqs.tolist():
-                f.write(json.dumps({"input_ids": row}) + "\n")
+                f.write((json.dumps({"input_ids": row}) + "\n").encode())
             total += seqs.numel()
+            f.flush()
+            tmp = state_path.with_suffix(".tmp")
+            torch.save(
+                {"batches": b + 1, "tokens": total, "bytes": f.tell(), "gen": gen.get_state()},
+                tmp,
+            )
+            tmp.replace(state_path)
             if b % 10 == 0:
                 log(f"regen: {s + len(idx)}/{num_prompts} prompts (temperature {temp})")
     return total

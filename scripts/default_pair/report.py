@@ -24,11 +24,14 @@ def _curve(path: Path, points: int = 8) -> list[dict]:
     return [lines[round(i * step)] for i in range(points)]
 
 
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
+
+
 def write_report(ctx) -> Path:
     from transformers import AutoModelForCausalLM
 
     r = ctx.recipe
-    docs = Path(__file__).resolve().parents[2] / "docs"
+    docs = DOCS_DIR
     docs.mkdir(exist_ok=True)
     out = docs / f"default-model-pair-{r.name}.md"
     target = AutoModelForCausalLM.from_pretrained(

@@ -26,6 +26,9 @@ class Context:
     log: Callable[[str], None]
     info: dict
     attention: str = "auto"
+    # True while no stage has run yet in this invocation: such a stage always makes progress
+    # (a later one may decline to start when too little time is left).
+    first_stage: bool = True
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -34,6 +37,9 @@ class Context:
     @property
     def target_dir(self) -> Path:
         return self.work_dir / "target"
+
+
+DRAFTER_MIN_START_S = 90.0
 
 
 @dataclass
@@ -134,7 +140,9 @@ def _train_drafter(ctx: Context, method: str) -> bool:
     r = getattr(ctx.recipe, method)
     out = ctx.work_dir / method
     remaining = ctx.deadline - time.monotonic()
-    if remaining <= 30:
+    # Loading the target and data and compiling FlexAttention take up to a minute on CUDA: not
+    # worth starting with less left, unless nothing else ran in this call (always progress).
+    if remaining <= DRAFTER_MIN_START_S and not ctx.first_stage:
         return False
     if ctx.recipe.regen_prompts > 0:
         data = ["--data", str(ctx.work_dir / "regen.jsonl"), "--jsonl-field", "input_ids"]
@@ -164,7 +172,9 @@ def _train_drafter(ctx: Context, method: str) -> bool:
         "--no-progress",
     ]  # fmt: skip
     if remaining != float("inf"):
-        argv += ["--time-limit", str(max(1.0, remaining - 20))]
+        # peagle train counts its limit from its start (loading included) and stops before a
+        # step that would overrun it; keep a margin for the final save.
+        argv += ["--time-limit", str(max(1.0, remaining - 15))]
     ctx.log(f"peagle {' '.join(argv)}")
     rc = peagle_main(argv)
     with open(out / "train_log.jsonl") as f:
@@ -197,7 +207,10 @@ def stage_regen(ctx: Context) -> bool:
         batch_size=r.regen_batch,
         device=ctx.device,
         log=ctx.log,
+        deadline=ctx.deadline,
     )
+    if tokens is None:
+        return False
     ctx.log(f"regen: {r.regen_prompts} sequences, {tokens} tokens")
     ctx.info.setdefault("corpus", {})["regen_tokens"] = tokens
     return True
@@ -271,12 +284,32 @@ def _write_pair_json(ctx: Context) -> None:
 
 
 def stage_measure(ctx: Context) -> bool:
+    import time
+
     from default_pair.measure import acceptance_lengths, load_prompts
 
     r = ctx.recipe
     prompts = load_prompts(ctx.work_dir / "eval_prompts.jsonl")
     results = {"python_version": stdlib_corpus.python_version(), "recipe": r.name, "heads": {}}
+    # Resumable by (head, K): finished Ks go to measure_partial.json (JSON keys are strings).
+    partial_path = ctx.work_dir / "measure_partial.json"
+    partial = json.loads(partial_path.read_text()) if partial_path.is_file() else {}
+    measured_now = []
+
+    def on_result(method, k, res):
+        partial.setdefault(method, {})[str(k)] = res
+        tmp = partial_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(partial, indent=2))
+        tmp.replace(partial_path)
+        measured_now.append((method, k))
+
+    def should_stop():
+        return time.monotonic() > ctx.deadline
+
     for method in ("peagle", "eagle3"):
+        done = {int(k): v for k, v in partial.get(method, {}).items()}
+        if measured_now and len(done) < 10 and should_stop():
+            return False
         res = acceptance_lengths(
             ctx.package_dir / "target",
             ctx.package_dir / method,
@@ -285,7 +318,13 @@ def stage_measure(ctx: Context) -> bool:
             list(range(1, 11)),
             r.eval_new_tokens,
             ctx.device,
+            done=done,
+            should_stop=should_stop,
+            on_result=lambda k, v, m=method: on_result(m, k, v),
         )
+        if res is None:
+            ctx.log(f"measure: paused ({len(partial.get(method, {}))}/10 Ks of {method} done)")
+            return False
         results["heads"][method] = res
         ctx.log(
             f"{method} acceptance length per K: "

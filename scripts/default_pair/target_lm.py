@@ -137,8 +137,9 @@ def train_target(
 
     model.train()
     t0, toks, loss_ema = time.monotonic(), 0, None
+    first = step
     while step < recipe.steps:
-        if time.monotonic() > deadline:
+        if step > first and time.monotonic() > deadline:  # at least one step per call
             save()
             log(f"target: paused at step {step}/{recipe.steps} (time limit)")
             return False

@@ -117,7 +117,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--time-limit",
         type=float,
         default=0.0,
-        help="stop (and save) after this many seconds; rerun to resume (0 = none)",
+        help=(
+            "stop (and save) before this many seconds have passed since the start (loading "
+            "included; at least one step is made); rerun to resume (0 = none)"
+        ),
     )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -109,6 +109,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, log=print) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        self._t_created = time.monotonic()  # the time limit counts loading too
         if cfg.method not in ("peagle", "eagle3"):
             raise ValueError(f"method must be 'peagle' or 'eagle3', got {cfg.method!r}")
         if cfg.method == "eagle3" and cfg.partitions != 1:
@@ -279,8 +280,14 @@ class Trainer:
         window, win_tokens, win_t0 = StepStats(), 0, time.monotonic()
         last = None
         finished = self.step >= cfg.steps
+        # the slowest step of this call but its first (which compiles, loads caches)
+        step_s, steps_now = 0.0, 0
         while self.step < cfg.steps:
+            t_step = time.monotonic()
             stats, tokens = self.train_step()
+            if steps_now > 0:
+                step_s = max(step_s, time.monotonic() - t_step)
+            steps_now += 1
             window.merge(stats)
             win_tokens += tokens
             if bar is not None:
@@ -311,7 +318,10 @@ class Trainer:
                 window, win_tokens, win_t0 = StepStats(), 0, time.monotonic()
             if self.step % cfg.save_every == 0:
                 self.save()
-            if cfg.time_limit_s > 0 and time.monotonic() - t_start > cfg.time_limit_s:
+            # Stop once the limit is passed or the next step would pass it (one step at least).
+            if cfg.time_limit_s > 0 and (
+                time.monotonic() - self._t_created + step_s > cfg.time_limit_s
+            ):
                 break
         else:
             finished = True
