@@ -164,7 +164,9 @@ def command_line() -> str:
     """The command that produced a result file (``sys.argv``, shell-quoted): ``python3 script.py
     ...`` for a script, ``peagle bench ...`` for the console entry point."""
     argv = sys.argv or [""]
-    if argv[0].endswith(".py"):
+    if argv[0].endswith(("peagle/__main__.py", "peagle/cli.py")):  # python -m peagle ...
+        words = ["peagle", *argv[1:]]
+    elif argv[0].endswith(".py"):
         words = [Path(sys.executable).name, *argv]
     else:
         words = [Path(argv[0]).name or "python", *argv[1:]]

@@ -84,7 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e2e = sub.add_parser(
         "e2e",
         help="decode throughput: P-EAGLE vs EAGLE-3 vs none (default pair)",
-        description=importlib.import_module("peagle.bench.e2e").__doc__,
+        description=_plain(importlib.import_module("peagle.bench.e2e").__doc__),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -104,6 +104,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="where results.md and the PNGs go (default: %(default)s)")  # fmt: skip
     rep.set_defaults(run=run_report)
     return p
+
+
+def _plain(doc: str | None) -> str:
+    """A docstring for --help: Sphinx roles and inline-literal backquotes removed."""
+    import re
+
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")
 
 
 def _require_cuda() -> None:
