@@ -392,9 +392,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_MORE_WORK
     res.write()
     check_greedy_match(res.configs)
-    from peagle.bench.tune import print_tables
+    if not getattr(args, "no_summary", False):  # `peagle tune --run` prints its own tables
+        from peagle.bench.tune import print_tables
 
-    print_tables(res.data)
+        print_tables(res.data)
     print(f"wrote {res.path}")
     return 0
 

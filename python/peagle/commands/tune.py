@@ -68,7 +68,9 @@ def run(args) -> int:
             argv += ["--device", args.device]
         if args.projection:
             argv.append("--projection")
-        rc = e2e.run(ap.parse_args(argv))
+        e2e_args = ap.parse_args(argv)
+        e2e_args.no_summary = True  # the tables are printed once, below
+        rc = e2e.run(e2e_args)
         if rc != 0:
             return rc
     data = tune.load(args.results)
