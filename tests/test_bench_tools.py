@@ -210,3 +210,14 @@ def test_bench_report_refuses_an_empty_results_dir(tmp_path):
     with pytest.raises(SystemExit, match="no \\*-h200.json results"):
         main(["bench", "report", "--results-dir", str(tmp_path / "none"), "--docs-dir", str(docs)])
     assert not docs.exists()
+
+
+def test_tune_run_prints_its_tables_once(tmp_path, capsys):
+    """`peagle tune --run` measured first and then printed the tables a second time."""
+    from peagle.cli import main
+
+    rc = main(["tune", "--run", "--device", "cpu", "--results", str(tmp_path / "e2e.json"),
+               "--k", "1", "--concurrency", "1", "--num-prompts", "1", "--max-new-tokens", "3",
+               "--methods", "none", "peagle"])  # fmt: skip
+    assert rc == 0
+    assert capsys.readouterr().out.count("no speculation:") == 1
