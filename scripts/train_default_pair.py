@@ -22,6 +22,13 @@ survives between calls on a warm machine; repeat until it exits 0, ~15-20 minute
 The CPU recipe produced the pair that ships in the package (about an hour on 2 cores):
 
   python scripts/train_default_pair.py --device cpu --work-dir /tmp/pair-cpu --threads 1
+
+On a machine with two GPUs the two heads can train at once (--only runs one stage whose
+predecessors are done; each process records its stage in the shared work dir):
+
+  CUDA_VISIBLE_DEVICES=0 python scripts/train_default_pair.py --device cuda --work-dir W --until peagle
+  CUDA_VISIBLE_DEVICES=1 python scripts/train_default_pair.py --device cuda --work-dir W --only eagle3
+  python scripts/train_default_pair.py --device cuda --work-dir W      # package, measure, report
 """
 
 from __future__ import annotations
@@ -80,6 +87,18 @@ def print_plan(recipe, args) -> int:
     return 0 if total_b <= recipe.max_package_bytes else 2
 
 
+def _save_done(path: Path, done: dict) -> None:
+    """Merges ``done`` into the file (stages another process finished meanwhile are kept) and
+    back into ``done``; written by atomic rename."""
+    on_disk = json.loads(path.read_text()) if path.is_file() else {}
+    on_disk.update(done)
+    done.clear()
+    done.update(on_disk)
+    tmp = path.with_suffix(f".tmp{id(done)}")
+    tmp.write_text(json.dumps(done, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -95,6 +114,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--max-minutes", type=float, default=0.0, help="stop after this (0 = no limit)")
     ap.add_argument("--until", choices=[s.name for s in STAGES], help="stop after this stage")
+    ap.add_argument(
+        "--only",
+        choices=[s.name for s in STAGES],
+        help="run this one stage (every earlier stage must be done; another process may run "
+        "a different stage in the same work dir, e.g. the other head on a second GPU)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
     ap.add_argument(
         "--attention",
@@ -144,8 +169,19 @@ def main(argv=None) -> int:
     if sum(sizes.values()) > recipe.max_package_bytes:
         log(f"recipe {recipe.name} would take {sizes} bytes, over {recipe.max_package_bytes}")
         return 2
+    names = [s.name for s in STAGES]
+    if args.only:
+        missing = [n for n in names[: names.index(args.only)] if not done.get(n, {}).get("done")]
+        # the heads are independent of each other: eagle3 needs regen, not peagle
+        if args.only == "eagle3" and missing == ["peagle"]:
+            missing = []
+        if missing:
+            log(f"--only {args.only}: earlier stages not done: {', '.join(missing)}")
+            return 2
     for stage in STAGES:
         if done.get(stage.name, {}).get("done"):
+            continue
+        if args.only and stage.name != args.only:
             continue
         log(f"stage {stage.name}")
         finished = stage.run(ctx)
@@ -154,7 +190,10 @@ def main(argv=None) -> int:
             return EXIT_MORE_WORK
         ctx.first_stage = False
         done.setdefault(stage.name, {})["done"] = True
-        done_path.write_text(json.dumps(done, indent=2, sort_keys=True))
+        _save_done(done_path, done)
+        if args.only:
+            log(f"stage {stage.name} done (--only)")
+            return 0
         if args.until == stage.name:
             log(f"stopping after stage {stage.name} (--until)")
             return 0

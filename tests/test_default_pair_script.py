@@ -108,3 +108,28 @@ def test_gpu_dry_run_plan_fits_budget(tmp_path, capsys):
     total = float(out.split("  total")[1].split()[0])
     assert 5.0 < total <= 20.0
     assert "recipe gpu" in out and "of 16 MiB" in out
+
+
+def test_only_runs_the_heads_separately_and_keeps_each_others_done_marks(tiny):
+    work, pkg = tiny / "split", tiny / "pkg"
+    # a head cannot start before its data exists
+    assert _run(work, pkg, "--only", "eagle3") == 2
+    assert _run(work, pkg, "--until", "regen") == 0
+    # the two heads as two processes would run them (eagle3 does not need peagle)
+    assert _run(work, pkg, "--only", "eagle3") == 0
+    done = json.loads((work / "done.json").read_text())
+    assert done["eagle3"]["done"] and not done.get("peagle", {}).get("done")
+    # a process that read done.json before eagle3 finished must not drop eagle3's mark
+    stale = {k: v for k, v in done.items() if k != "eagle3"}
+    script._save_done(work / "done.json", {**stale, "note": {"done": False}})
+    done = json.loads((work / "done.json").read_text())
+    assert done["eagle3"]["done"] and "note" in done
+    assert _run(work, pkg, "--only", "peagle") == 0
+    done = json.loads((work / "done.json").read_text())
+    assert done["eagle3"]["done"] and done["peagle"]["done"]
+    # the rest runs without redoing either head
+    log_before = (work / "log.txt").read_text()
+    assert _run(work, pkg) == 0
+    after = (work / "log.txt").read_text()[len(log_before):]
+    assert "] stage peagle\n" not in after and "] stage eagle3\n" not in after
+    assert "] stage measure\n" in after
