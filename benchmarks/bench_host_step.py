@@ -47,7 +47,9 @@ def measure(pair, method, graphs, concurrency, k, requests, new_tokens, seed=0):
 
     target, drafter = pair
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 40))] for _ in range(requests)]
+    prompts = [
+        [rng.randrange(3, 1000) for _ in range(rng.randrange(8, 40))] for _ in range(requests)
+    ]
     eng = SpecDecoder(
         target, None if method == "none" else drafter, method=method,
         num_speculative_tokens=k, max_num_seqs=concurrency, cuda_graphs=graphs,
