@@ -27,6 +27,7 @@ from a per-request reservation made at admission. Target and drafter caches shar
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -84,6 +85,57 @@ class _Batch:
     staging: StepStaging
     b_pad: int | None = None  # CUDA-graph batch size (None: eager step)
     accepted: list[int] | None = None  # set after verification
+
+
+@dataclass(frozen=True)
+class _RowLayout:
+    """Index arrays of a step's row layout that depend only on each request's row and draft
+    counts (cached: steady decode steps repeat the same layout). Read-only."""
+
+    qlens: np.ndarray  # [B] rows per request
+    qsl: np.ndarray  # [B+1]
+    row_req: np.ndarray  # [T] request of each row
+    within: np.ndarray  # [T] row index within its request
+    logits_indices: np.ndarray  # [R] each request's k draft rows + bonus row
+    draft_row_indices: np.ndarray  # [D] rows holding drafts
+    cu_num_draft_tokens: np.ndarray  # [B]
+    draft_req: np.ndarray  # [D_real] request of each real draft row
+    draft_j: np.ndarray  # [D_real] draft position within its request
+    num_tokens: int
+    num_logits: int
+    num_draft_rows: int
+    real_rows: int  # rows of the first ``num_real`` requests
+    real_drafts: int
+
+
+@functools.lru_cache(maxsize=64)
+def _row_layout(qlens: tuple, ks: tuple, num_real: int) -> _RowLayout:
+    ql = np.array(qlens, dtype=np.int64)
+    k = np.array(ks, dtype=np.int64)
+    qsl = np.zeros(len(ql) + 1, dtype=np.int64)
+    np.cumsum(ql, out=qsl[1:])
+    t = int(qsl[-1])
+    row_req = np.repeat(np.arange(len(ql)), ql)
+    nl = k + 1
+    cum_nl, cum_k = np.cumsum(nl), np.cumsum(k)
+    r, d = int(cum_nl[-1]), int(cum_k[-1])
+    real_drafts = int(cum_k[num_real - 1])
+    kb = k[:num_real]
+    out = _RowLayout(
+        qlens=ql, qsl=qsl, row_req=row_req,
+        within=np.arange(t) - qsl[row_req],
+        logits_indices=np.arange(r) + np.repeat(qsl[1:] - nl - (cum_nl - nl), nl),
+        draft_row_indices=np.arange(d) + np.repeat(qsl[:-1] + 1 - (cum_k - k), k),
+        cu_num_draft_tokens=cum_k,
+        draft_req=np.repeat(np.arange(num_real), kb),
+        draft_j=np.arange(real_drafts) - np.repeat(cum_k[:num_real] - kb, kb),
+        num_tokens=t, num_logits=r, num_draft_rows=d, real_rows=int(qsl[num_real]),
+        real_drafts=real_drafts,
+    )  # fmt: skip
+    for a in vars(out).values():
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return out
 
 
 class SpecDecoder:
@@ -450,82 +502,73 @@ class SpecDecoder:
             self.graphs.prepare(b_pad)  # capture (resets the static buffers) before the upload
         # Padding requests of a graph step: K drafts each, like the real ones, but inert.
         nb = b if b_pad is None else b_pad
-        ks = np.array(num_drafts + [s] * (nb - b), dtype=np.int64)
-        ql = np.array(qlens + [s + 1] * (nb - b), dtype=np.int64)
-        p0 = np.array(first_pos + [0] * (nb - b), dtype=np.int64)
-        qsl = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(ql, out=qsl[1:])
-        num_tokens = int(qsl[-1])
+        lay = _row_layout(
+            tuple(qlens) + (s + 1,) * (nb - b), tuple(num_drafts) + (s,) * (nb - b), b
+        )
+        num_tokens = lay.num_tokens
         staging = self._staging_for(num_tokens)
         width = staging.table_width if b_pad is not None else self._table_width(reqs)
         h = staging.host()  # waits until the previous upload has been read (CUDA)
 
         table = h["block_table"][: nb * width].reshape(nb, width)
         self._fill_block_table(table, reqs)
-        table[b:] = NULL_BLOCK_ID
-        row_req = np.repeat(np.arange(nb), ql)
+        p0 = np.zeros(nb, dtype=np.int64)
+        p0[:b] = first_pos
         pos = h["positions"][:num_tokens]
-        np.add(np.arange(num_tokens), np.repeat(p0 - qsl[:-1], ql), out=pos)
+        np.add(lay.within, p0[lay.row_req], out=pos)
         bs = self.block_size
         slots = h["slot_mapping"][:num_tokens]
-        np.multiply(table[row_req, pos // bs], bs, out=slots)
+        np.multiply(table[lay.row_req, pos // bs], bs, out=slots)
         slots += pos % bs
-        real_rows = int(qsl[b])
-        slots[real_rows:] = -1  # padding rows write no KV
         ids = h["input_ids"][:num_tokens]
         ids.fill(0)
         last = [r.last_token for r in reqs]
-        ids[qsl[:b]] = last
+        ids[lay.qsl[:b]] = last
         for i in prefills:
-            ids[qsl[i] : qsl[i + 1]] = reqs[i].prompt_token_ids
-        h["query_start_loc"][: nb + 1] = qsl
-        seq = p0 + ql
-        seq[b:] = 0
-        h["seq_lens"][:nb] = seq
-        h["drafter_seq_lens"][:nb] = seq  # masked after verification
-        # Verified rows: request i's k draft rows and its bonus row (a prefill: its last row).
-        nl = ks + 1
-        num_logits = int(nl.sum())
-        np.add(np.arange(num_logits), np.repeat(qsl[1:] - nl - (np.cumsum(nl) - nl), nl),
-               out=h["logits_indices"][:num_logits])  # fmt: skip
-        cum_k = np.cumsum(ks)
-        num_draft_rows = int(cum_k[-1])
-        np.add(np.arange(num_draft_rows), np.repeat(qsl[:-1] + 1 - (cum_k - ks), ks),
-               out=h["draft_row_indices"][:num_draft_rows])  # fmt: skip
-        h["cu_num_draft_tokens"][:nb] = cum_k
-        real_drafts = int(cum_k[b - 1])
+            ids[lay.qsl[i] : lay.qsl[i + 1]] = reqs[i].prompt_token_ids
+        h["query_start_loc"][: nb + 1] = lay.qsl
+        seq = h["seq_lens"][:nb]
+        np.add(p0, lay.qlens, out=seq)
+        h["logits_indices"][: lay.num_logits] = lay.logits_indices
+        h["draft_row_indices"][: lay.num_draft_rows] = lay.draft_row_indices
+        h["cu_num_draft_tokens"][:nb] = lay.cu_num_draft_tokens
+        real_drafts = lay.real_drafts
         if real_drafts:
             src_row = np.array([r.draft_row or 0 for r in reqs], dtype=np.int64)
-            kb = ks[:b]
-            np.add(np.arange(real_drafts), np.repeat(src_row * s - (cum_k[:b] - kb), kb),
-                   out=h["draft_src"][:real_drafts])  # fmt: skip
+            np.add(src_row[lay.draft_req] * s, lay.draft_j, out=h["draft_src"][:real_drafts])
+        if nb > b:  # padding requests: inert (no KV writes, seq_len 0, masked out)
+            slots[lay.real_rows :] = -1
+            seq[b:] = 0
+            for name, pad in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("seeds", 0),
+                              ("offsets", 0), ("backup_next_token_ids", 0),
+                              ("request_mask", False)):  # fmt: skip
+                h[name][b:nb] = pad
+        h["drafter_seq_lens"][:nb] = seq  # masked after verification
         params = [r.params for r in reqs]
         any_top_k = any(p.top_k > 0 for p in params)
         any_top_p = any(p.top_p < 1.0 for p in params)
-        for name, vals, pad in (
-            ("temperature", [p.temperature for p in params], 0.0),
-            ("top_k", [p.top_k for p in params], 0),
-            ("top_p", [p.top_p for p in params], 1.0),
-            ("seeds", [r.seed for r in reqs], 0),
-            ("offsets", [r.rng_offset for r in reqs], 0),
-            ("backup_next_token_ids", last, 0),
+        for name, vals in (
+            ("temperature", [p.temperature for p in params]),
+            ("top_k", [p.top_k for p in params]),
+            ("top_p", [p.top_p for p in params]),
+            ("seeds", [r.seed for r in reqs]),
+            ("offsets", [r.rng_offset for r in reqs]),
+            ("backup_next_token_ids", last),
         ):
             h[name][:b] = vals
-            h[name][b:nb] = pad
         h["request_mask"][:b] = True
-        h["request_mask"][b:nb] = False
         staging.upload()
 
         graph = b_pad is not None
         tensors = staging.step_view(
-            num_tokens, nb, width, num_logits, num_draft_rows, max(qlens),
+            num_tokens, nb, width, lay.num_logits, lay.num_draft_rows, max(qlens),
             top_k=graph or any_top_k, top_p=graph or any_top_p, request_mask=graph,
         )  # fmt: skip
         if real_drafts:
             src_idx = staging.prefix("draft_src", real_drafts)
             src = self._last_drafts.view(-1).index_select(0, src_idx)
             rows = tensors.draft_row_indices
-            if real_drafts != num_draft_rows:
+            if real_drafts != lay.num_draft_rows:
                 rows = staging.prefix("draft_row_indices", real_drafts)
             tensors.input_ids.index_copy_(0, rows, src)
         return _Batch(reqs, num_drafts, first_pos, qlens, tensors, staging, b_pad)
