@@ -7,7 +7,10 @@ up to ``max_num_seqs``) with *padding requests* (seq_len 0, slot -1, ``request_m
 write no KV, never read the block table, emit nothing in verification and are inert in the drafter
 batch (SPEC §3.8, EDGE_CASES C1/D1/D2/D5), so the token count is always a multiple of ``1 + K``.
 
-Two graphs per ``B_pad``, sharing one memory pool and one set of static input buffers:
+Two graphs per ``B_pad``, sharing one memory pool and one set of static input buffers. The static
+input buffers ARE the engine's :class:`~peagle.decode.staging.StepStaging` device buffer: the
+engine writes a graph step's inputs, padding requests included, straight into it with its one
+upload per phase, so a replay needs no per-field copy:
 
 * **A**: target forward + ``verify_chain`` -> ``output_token_ids``, ``num_accepted``, aux hidden.
 * **B**: ``fc`` + ``prepare_draft_inputs`` + drafter pass(es) + argmax -> drafts ``[B_pad, K]``.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from peagle.decode.engine import StepTensors
+from peagle.models.paged import NULL_BLOCK_ID
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -71,66 +75,31 @@ class DecodeGraphs:
         self.sizes = capture_sizes(engine.max_num_seqs)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[int, _Graphs] = {}
-        b, dev = engine.max_num_seqs, engine.device
-        t = b * self.rows
-        i32, i64 = torch.int32, torch.int64
-        z = lambda n, dt: torch.zeros(n, dtype=dt, device=dev)
-        rows = torch.arange(t, device=dev)
-        self.static = StepTensors(
-            input_ids=z(t, i32),
-            positions=z(t, i64),
-            slot_mapping=torch.full((t,), -1, dtype=i64, device=dev),
-            query_start_loc=(torch.arange(b + 1, device=dev) * self.rows).to(i32),
-            seq_lens=z(b, i32),
-            block_table=torch.zeros(b, engine.max_blocks_per_seq, dtype=i32, device=dev),
-            logits_indices=rows.clone(),
-            draft_row_indices=rows[rows % self.rows != 0].clone(),
-            cu_num_draft_tokens=(torch.arange(1, b + 1, device=dev) * self.k).to(i32),
-            temperature=z(b, torch.float32),
-            top_k=z(b, i32),
-            top_p=torch.ones(b, dtype=torch.float32, device=dev),
-            seeds=z(b, i64),
-            offsets=z(b, i64),
-            request_mask=z(b, torch.bool),
-            backup_next_token_ids=z(b, i32),
-            drafter_seq_lens=z(b, i32),
-            max_query_len=self.rows,
-        )
+        self.staging = engine._staging
+        if self.staging.rows < self.sizes[-1] * self.rows:
+            raise ValueError("the engine's staging buffer is smaller than the graph layout")
+        self.static = self._view(self.sizes[-1])
 
     # -- layout ---------------------------------------------------------------------------------
 
-    def can_run(self, batch) -> bool:
-        return (
-            len(batch.reqs) <= self.sizes[-1]
-            and all(n == self.k for n in batch.num_drafts)
-            and all(q == self.rows for q in batch.qlens)
-        )
+    def pad_size(self, num_drafts, qlens) -> int | None:
+        """``B_pad`` of a step whose requests carry ``num_drafts`` drafts in ``qlens`` rows, or
+        None when it must run eagerly (not uniform: a prefill or a budget-capped request)."""
+        if len(qlens) > self.sizes[-1]:
+            return None
+        if any(n != self.k for n in num_drafts) or any(q != self.rows for q in qlens):
+            return None
+        return self._pad_size(len(qlens))
 
     def _pad_size(self, b: int) -> int:
         return next(s for s in self.sizes if s >= b)
 
     def _view(self, b_pad: int) -> StepTensors:
-        s, t = self.static, b_pad * self.rows
-        return StepTensors(
-            input_ids=s.input_ids[:t],
-            positions=s.positions[:t],
-            slot_mapping=s.slot_mapping[:t],
-            query_start_loc=s.query_start_loc[: b_pad + 1],
-            seq_lens=s.seq_lens[:b_pad],
-            block_table=s.block_table[:b_pad],
-            logits_indices=s.logits_indices[:t],
-            draft_row_indices=s.draft_row_indices[: b_pad * self.k],
-            cu_num_draft_tokens=s.cu_num_draft_tokens[:b_pad],
-            temperature=s.temperature[:b_pad],
-            top_k=s.top_k[:b_pad],
-            top_p=s.top_p[:b_pad],
-            seeds=s.seeds[:b_pad],
-            offsets=s.offsets[:b_pad],
-            request_mask=s.request_mask[:b_pad],
-            backup_next_token_ids=s.backup_next_token_ids[:b_pad],
-            drafter_seq_lens=s.drafter_seq_lens[:b_pad],
-            max_query_len=self.rows,
-        )
+        t = b_pad * self.rows
+        return self.staging.step_view(
+            t, b_pad, self.staging.table_width, t, b_pad * self.k, self.rows,
+            top_k=True, top_p=True, request_mask=True,
+        )  # fmt: skip
 
     # -- capture --------------------------------------------------------------------------------
 
@@ -138,11 +107,28 @@ class DecodeGraphs:
         if b_pad in self.graphs:
             return self.graphs[b_pad]
         eng, view = self.engine, self._view(b_pad)
-        # Capture with every request a padding request: inert, no KV writes.
-        view.seq_lens.zero_()
-        view.drafter_seq_lens.zero_()
-        view.request_mask.zero_()
+        # Capture with every request a padding request (inert, no KV writes) in the uniform
+        # layout; a step's upload overwrites all of it (the engine captures before uploading).
+        dev = view.input_ids.device
+        rows = torch.arange(b_pad * self.rows, device=dev)
+        ar = torch.arange(b_pad + 1, device=dev)
+        view.input_ids.zero_()
+        view.positions.zero_()
         view.slot_mapping.fill_(-1)
+        view.query_start_loc.copy_(ar * self.rows)
+        view.seq_lens.zero_()
+        view.block_table.fill_(NULL_BLOCK_ID)
+        view.logits_indices.copy_(rows)
+        view.draft_row_indices.copy_(rows[rows % self.rows != 0])
+        view.cu_num_draft_tokens.copy_(ar[1:] * self.k)
+        view.temperature.zero_()
+        view.top_k.zero_()
+        view.top_p.fill_(1.0)
+        view.seeds.zero_()
+        view.offsets.zero_()
+        view.request_mask.zero_()
+        view.backup_next_token_ids.zero_()
+        view.drafter_seq_lens.zero_()
         g = _Graphs()
         target_fn = lambda: eng.target_and_verify_eager(view, self.k)
         drafter_fn = lambda: eng.draft_eager(view, g.target.outputs[0], g.target.outputs[2])
@@ -161,6 +147,11 @@ class DecodeGraphs:
         self.graphs[b_pad] = g
         return g
 
+    def prepare(self, b_pad: int) -> None:
+        """Capture the graphs of ``b_pad`` now if not yet done (before a step uploads its inputs:
+        capturing resets the static buffers)."""
+        self._get(b_pad)
+
     @torch.inference_mode()
     def capture_all(self) -> None:
         """Capture (or, emulated, build) the graphs of every batch size now, so that no capture
@@ -171,36 +162,13 @@ class DecodeGraphs:
 
     # -- replay ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _load(t: StepTensors, view: StepTensors, names) -> None:
-        for name in names:
-            src = getattr(t, name)
-            getattr(view, name)[: src.shape[0]].copy_(src, non_blocking=True)
-
     def target_and_verify(self, batch):
+        """Replay graph A over the inputs :meth:`SpecDecoder._build_batch` uploaded; outputs of
+        the real requests (views of the graph's output buffers)."""
         b = len(batch.reqs)
-        b_pad = self._pad_size(b)
-        g = self._get(b_pad)
-        t, view = batch.tensors, self._view(b_pad)
-        names = ("input_ids", "positions", "slot_mapping", "seq_lens", "temperature", "seeds")
-        self._load(t, view, (*names, "offsets", "backup_next_token_ids"))
-        view.block_table[:b, : t.block_table.shape[1]].copy_(t.block_table, non_blocking=True)
-        view.top_k[:b].copy_(t.top_k if t.top_k is not None else torch.zeros_like(view.top_k[:b]))
-        view.top_p[:b].copy_(t.top_p if t.top_p is not None else torch.ones_like(view.top_p[:b]))
-        view.request_mask[:b] = True
-        # Padding requests (rows past the real ones) must stay inert.
-        view.request_mask[b:] = False
-        view.seq_lens[b:] = 0
-        view.slot_mapping[b * self.rows :] = -1
-        out_tokens, num_accepted, aux = g.target.replay()
+        out_tokens, num_accepted, aux = self._get(batch.b_pad).target.replay()
         return out_tokens[:b], num_accepted[:b], aux[: b * self.rows]
 
     def draft(self, batch, out_tokens, aux) -> torch.Tensor:
-        b = len(batch.reqs)
-        b_pad = self._pad_size(b)
-        g = self._get(b_pad)
-        t, view = batch.tensors, self._view(b_pad)
-        view.drafter_seq_lens[:b].copy_(t.drafter_seq_lens, non_blocking=True)
-        view.drafter_seq_lens[b:] = 0
-        view.block_table[:b, : t.block_table.shape[1]].copy_(t.block_table, non_blocking=True)
-        return g.drafter.replay()[:b]
+        """Replay graph B (the drafter segment of the staging is already uploaded)."""
+        return self._get(batch.b_pad).drafter.replay()[: len(batch.reqs)]

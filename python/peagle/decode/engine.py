@@ -27,16 +27,19 @@ from a per-request reservation made at admission. Target and drafter caches shar
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from peagle import ops
 from peagle.decode.blocks import BlockAllocator, blocks_for
 from peagle.decode.request import Request, RequestOutput, SamplingParams
+from peagle.decode.staging import StepStaging
 from peagle.decode.timing import PhaseClock
 from peagle.models.drafter import Eagle3Drafter
 from peagle.models.paged import NULL_BLOCK_ID, AttentionMetadata
@@ -47,7 +50,10 @@ METHODS = ("peagle", "eagle3", "none")
 
 @dataclass
 class StepTensors:
-    """Device inputs of one step (the static buffers of a CUDA graph have the same fields)."""
+    """Device inputs of one step (the static buffers of a CUDA graph have the same fields).
+
+    In the decode loop these are views into the engine's :class:`StepStaging` device buffer
+    (shared between steps of the same shape: never rebind a field, write through the staging)."""
 
     input_ids: torch.Tensor  # [T] int32 target rows
     positions: torch.Tensor  # [T] int64
@@ -76,7 +82,60 @@ class _Batch:
     first_pos: list[int]
     qlens: list[int]
     tensors: StepTensors
+    staging: StepStaging
+    b_pad: int | None = None  # CUDA-graph batch size (None: eager step)
     accepted: list[int] | None = None  # set after verification
+
+
+@dataclass(frozen=True)
+class _RowLayout:
+    """Index arrays of a step's row layout that depend only on each request's row and draft
+    counts (cached: steady decode steps repeat the same layout). Read-only."""
+
+    qlens: np.ndarray  # [B] rows per request
+    qsl: np.ndarray  # [B+1]
+    row_req: np.ndarray  # [T] request of each row
+    within: np.ndarray  # [T] row index within its request
+    logits_indices: np.ndarray  # [R] each request's k draft rows + bonus row
+    draft_row_indices: np.ndarray  # [D] rows holding drafts
+    cu_num_draft_tokens: np.ndarray  # [B]
+    draft_req: np.ndarray  # [D_real] request of each real draft row
+    draft_j: np.ndarray  # [D_real] draft position within its request
+    num_tokens: int
+    num_logits: int
+    num_draft_rows: int
+    real_rows: int  # rows of the first ``num_real`` requests
+    real_drafts: int
+
+
+@functools.lru_cache(maxsize=64)
+def _row_layout(qlens: tuple, ks: tuple, num_real: int) -> _RowLayout:
+    ql = np.array(qlens, dtype=np.int64)
+    k = np.array(ks, dtype=np.int64)
+    qsl = np.zeros(len(ql) + 1, dtype=np.int64)
+    np.cumsum(ql, out=qsl[1:])
+    t = int(qsl[-1])
+    row_req = np.repeat(np.arange(len(ql)), ql)
+    nl = k + 1
+    cum_nl, cum_k = np.cumsum(nl), np.cumsum(k)
+    r, d = int(cum_nl[-1]), int(cum_k[-1])
+    real_drafts = int(cum_k[num_real - 1])
+    kb = k[:num_real]
+    out = _RowLayout(
+        qlens=ql, qsl=qsl, row_req=row_req,
+        within=np.arange(t) - qsl[row_req],
+        logits_indices=np.arange(r) + np.repeat(qsl[1:] - nl - (cum_nl - nl), nl),
+        draft_row_indices=np.arange(d) + np.repeat(qsl[:-1] + 1 - (cum_k - k), k),
+        cu_num_draft_tokens=cum_k,
+        draft_req=np.repeat(np.arange(num_real), kb),
+        draft_j=np.arange(real_drafts) - np.repeat(cum_k[:num_real] - kb, kb),
+        num_tokens=t, num_logits=r, num_draft_rows=d, real_rows=int(qsl[num_real]),
+        real_drafts=real_drafts,
+    )  # fmt: skip
+    for a in vars(out).values():
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return out
 
 
 class SpecDecoder:
@@ -184,6 +243,15 @@ class SpecDecoder:
         self.drafter_kv = (
             None if self.drafter is None else self.drafter.make_kv_cache(num_blocks, block_size)
         )
+        # Every small per-step input goes through one staging buffer (one upload per phase); steps
+        # with more rows than the graphs' layout (prefills) use a second one grown on demand.
+        self._staging = StepStaging(
+            max(max_num_seqs * (self.num_spec_tokens + 1), 256), max_num_seqs,
+            self.max_blocks_per_seq, self.device,
+        )  # fmt: skip
+        self._staging_big: StepStaging | None = None
+        self._no_discard = torch.zeros(max_num_seqs, dtype=torch.bool, device=self.device)
+        self._arange_i32 = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=self.device)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -370,15 +438,23 @@ class SpecDecoder:
         width = max(blocks_for(self._max_positions(r) + extra, self.block_size) for r in reqs)
         return min(width, self.max_blocks_per_seq)
 
-    def _block_table(self, reqs: Sequence[Request]) -> torch.Tensor:
-        table = torch.full((len(reqs), self._table_width(reqs)), NULL_BLOCK_ID, dtype=torch.int32)
+    @staticmethod
+    def _fill_block_table(table: np.ndarray, reqs: Sequence[Request]) -> None:
+        """Rows of ``table`` (host ``[>= len(reqs), W]``) for ``reqs``, null-block padded."""
+        table[: len(reqs)] = NULL_BLOCK_ID
         for i, r in enumerate(reqs):
             if r.blocks:
-                table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
-        return table
+                table[i, : len(r.blocks)] = r.blocks
 
-    def _slot(self, req: Request, pos: int) -> int:
-        return req.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+    def _staging_for(self, num_tokens: int) -> StepStaging:
+        if num_tokens <= self._staging.rows:
+            return self._staging
+        big = self._staging_big
+        if big is None or big.rows < num_tokens:
+            rows = 1 << (num_tokens - 1).bit_length()
+            big = StepStaging(rows, self.max_num_seqs, self.max_blocks_per_seq, self.device)
+            self._staging_big = big
+        return big
 
     def _num_drafts(self, req: Request) -> int:
         """Drafts the request's next verification may carry (EDGE E2: never more than the
@@ -401,81 +477,104 @@ class SpecDecoder:
     # ------------------------------------------------------------------------------------------
 
     def _build_batch(self, reqs: list[Request]) -> _Batch:
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        logits_idx: list[int] = []
-        draft_rows: list[int] = []
-        draft_src: list[int] = []
-        cu: list[int] = []
+        """Lay out the step's target rows (a prefill: its prompt; a decode: last token + k draft
+        rows), write every input into the host staging buffer (numpy), upload it once and fill
+        the draft rows from the previous step's drafts on the device."""
+        s = self.num_spec_tokens
         num_drafts: list[int] = []
         first_pos: list[int] = []
         qlens: list[int] = []
-        s = self.num_spec_tokens
-        for r in reqs:
+        prefills: list[int] = []
+        for i, r in enumerate(reqs):
             if not r.prefilled:
-                toks = list(r.prompt_token_ids)
-                p0, k = 0, 0
+                p0, k, n = 0, 0, len(r.prompt_token_ids)
+                prefills.append(i)
             else:
                 k = self._num_drafts(r) if r.draft_row is not None else 0
-                toks = [r.last_token] + [0] * k
-                p0 = r.num_tokens - 1
-                for j in range(k):
-                    draft_rows.append(len(ids) + 1 + j)
-                    draft_src.append(r.draft_row * s + j)
-            n = len(toks)
+                p0, n = r.num_tokens - 1, k + 1
             self._ensure_positions(r, p0 + n)
-            base = len(ids)
-            ids += toks
-            pos += range(p0, p0 + n)
-            slots += [self._slot(r, p) for p in range(p0, p0 + n)]
-            qsl.append(len(ids))
-            seq_lens.append(p0 + n)
-            logits_idx += range(base + n - 1 - k, base + n)
-            cu.append((cu[-1] if cu else 0) + k)
             num_drafts.append(k)
             first_pos.append(p0)
             qlens.append(n)
-        dev = self.device
-        i32, i64 = torch.int32, torch.int64
+        b = len(reqs)
+        b_pad = None if self.graphs is None else self.graphs.pad_size(num_drafts, qlens)
+        if b_pad is not None:
+            self.graphs.prepare(b_pad)  # capture (resets the static buffers) before the upload
+        # Padding requests of a graph step: K drafts each, like the real ones, but inert.
+        nb = b if b_pad is None else b_pad
+        lay = _row_layout(
+            tuple(qlens) + (s + 1,) * (nb - b), tuple(num_drafts) + (s,) * (nb - b), b
+        )
+        num_tokens = lay.num_tokens
+        staging = self._staging_for(num_tokens)
+        width = staging.table_width if b_pad is not None else self._table_width(reqs)
+        h = staging.host()  # waits until the previous upload has been read (CUDA)
 
-        def t(x, dt):
-            return torch.tensor(x, dtype=dt).to(dev, non_blocking=True)
-
-        input_ids = t(ids, i32)
-        draft_row_indices = t(draft_rows, i64)
-        if draft_rows:
-            src = self._last_drafts.view(-1).index_select(0, t(draft_src, i64))
-            input_ids.index_copy_(0, draft_row_indices, src)
+        table = h["block_table"][: nb * width].reshape(nb, width)
+        self._fill_block_table(table, reqs)
+        p0 = np.zeros(nb, dtype=np.int64)
+        p0[:b] = first_pos
+        pos = h["positions"][:num_tokens]
+        np.add(lay.within, p0[lay.row_req], out=pos)
+        bs = self.block_size
+        slots = h["slot_mapping"][:num_tokens]
+        np.multiply(table[lay.row_req, pos // bs], bs, out=slots)
+        slots += pos % bs
+        ids = h["input_ids"][:num_tokens]
+        ids.fill(0)
+        last = [r.last_token for r in reqs]
+        ids[lay.qsl[:b]] = last
+        for i in prefills:
+            ids[lay.qsl[i] : lay.qsl[i + 1]] = reqs[i].prompt_token_ids
+        h["query_start_loc"][: nb + 1] = lay.qsl
+        seq = h["seq_lens"][:nb]
+        np.add(p0, lay.qlens, out=seq)
+        h["logits_indices"][: lay.num_logits] = lay.logits_indices
+        h["draft_row_indices"][: lay.num_draft_rows] = lay.draft_row_indices
+        h["cu_num_draft_tokens"][:nb] = lay.cu_num_draft_tokens
+        real_drafts = lay.real_drafts
+        if real_drafts:
+            src_row = np.array([r.draft_row or 0 for r in reqs], dtype=np.int64)
+            np.add(src_row[lay.draft_req] * s, lay.draft_j, out=h["draft_src"][:real_drafts])
+        if nb > b:  # padding requests: inert (no KV writes, seq_len 0, masked out)
+            slots[lay.real_rows :] = -1
+            seq[b:] = 0
+            for name, pad in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0), ("seeds", 0),
+                              ("offsets", 0), ("backup_next_token_ids", 0),
+                              ("request_mask", False)):  # fmt: skip
+                h[name][b:nb] = pad
+        h["drafter_seq_lens"][:nb] = seq  # masked after verification
         params = [r.params for r in reqs]
         any_top_k = any(p.top_k > 0 for p in params)
         any_top_p = any(p.top_p < 1.0 for p in params)
-        tensors = StepTensors(
-            input_ids=input_ids,
-            positions=t(pos, i64),
-            slot_mapping=t(slots, i64),
-            query_start_loc=t(qsl, i32),
-            seq_lens=t(seq_lens, i32),
-            block_table=self._block_table(reqs).to(dev, non_blocking=True),
-            logits_indices=t(logits_idx, i64),
-            draft_row_indices=draft_row_indices,
-            cu_num_draft_tokens=t(cu, i32),
-            temperature=t([p.temperature for p in params], torch.float32),
-            top_k=t([p.top_k for p in params], i32) if any_top_k else None,
-            top_p=t([p.top_p for p in params], torch.float32) if any_top_p else None,
-            seeds=t([r.seed for r in reqs], i64),
-            offsets=t([r.rng_offset for r in reqs], i64),
-            request_mask=None,
-            backup_next_token_ids=t([r.last_token for r in reqs], i32),
-            drafter_seq_lens=t(seq_lens, i32),  # masked after verification
-            max_query_len=max(qlens),
-        )
-        return _Batch(reqs, num_drafts, first_pos, qlens, tensors)
+        for name, vals in (
+            ("temperature", [p.temperature for p in params]),
+            ("top_k", [p.top_k for p in params]),
+            ("top_p", [p.top_p for p in params]),
+            ("seeds", [r.seed for r in reqs]),
+            ("offsets", [r.rng_offset for r in reqs]),
+            ("backup_next_token_ids", last),
+        ):
+            h[name][:b] = vals
+        h["request_mask"][:b] = True
+        staging.upload()
+
+        graph = b_pad is not None
+        tensors = staging.step_view(
+            num_tokens, nb, width, lay.num_logits, lay.num_draft_rows, max(qlens),
+            top_k=graph or any_top_k, top_p=graph or any_top_p, request_mask=graph,
+        )  # fmt: skip
+        if real_drafts:
+            src_idx = staging.prefix("draft_src", real_drafts)
+            src = self._last_drafts.view(-1).index_select(0, src_idx)
+            rows = tensors.draft_row_indices
+            if real_drafts != lay.num_draft_rows:
+                rows = staging.prefix("draft_row_indices", real_drafts)
+            tensors.input_ids.index_copy_(0, rows, src)
+        return _Batch(reqs, num_drafts, first_pos, qlens, tensors, staging, b_pad)
 
     def _target_and_verify(self, batch: _Batch):
-        if self.graphs is not None and self.graphs.can_run(batch):
+        if batch.b_pad is not None:
             return self.graphs.target_and_verify(batch)
         return self.target_and_verify_eager(batch.tensors, self.num_spec_tokens)
 
@@ -541,11 +640,18 @@ class SpecDecoder:
                 nv = batch.qlens[i] - 1 - (batch.num_drafts[i] - batch.accepted[i])
                 last = min(batch.first_pos[i] + nv + s - 1, self.drafter_max_len - 1)
                 self._ensure_positions(r, last + 1)
-        t = batch.tensors
-        mask = torch.tensor(drafting, dtype=torch.bool).to(self.device, non_blocking=True)
-        t.drafter_seq_lens = torch.where(mask, t.seq_lens, torch.zeros_like(t.seq_lens))
-        t.block_table = self._block_table(batch.reqs).to(self.device, non_blocking=True)
-        if self.graphs is not None and self.graphs.can_run(batch):
+        # The drafter segment of the staging (drafter_seq_lens: 0 for requests not drafted; the
+        # block table with the blocks just allocated), rewritten in place and uploaded once.
+        t, staging, b = batch.tensors, batch.staging, len(batch.reqs)
+        h = staging.host()
+        nb, width = t.block_table.shape
+        seq = h["drafter_seq_lens"]
+        seq[:b] = [p + q if d else 0 for p, q, d in zip(batch.first_pos, batch.qlens, drafting,
+                                                       strict=True)]  # fmt: skip
+        seq[b:nb] = 0
+        self._fill_block_table(h["block_table"][: nb * width].reshape(nb, width), batch.reqs)
+        staging.upload("drafter")
+        if batch.b_pad is not None:
             drafts = self.graphs.draft(batch, out_tokens, aux)
         else:
             drafts = self.draft_eager(t, out_tokens, aux)
@@ -568,7 +674,7 @@ class SpecDecoder:
             t.query_start_loc,
             t.drafter_seq_lens,
             out_tokens,
-            torch.zeros(b, dtype=torch.bool, device=self.device),
+            self._no_discard[:b],
             t.backup_next_token_ids,
             t.cu_num_draft_tokens,
             t.block_table,
@@ -593,7 +699,7 @@ class SpecDecoder:
         h = prenorm.index_select(0, rows)
         pos = di.positions.index_select(0, rows)
         real = t.drafter_seq_lens > 0
-        qsl = torch.arange(b + 1, dtype=torch.int32, device=self.device)
+        qsl = self._arange_i32[: b + 1]
         width = t.block_table.shape[1]
         drafts = [tok]
         for _ in range(1, s):
