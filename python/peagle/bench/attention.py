@@ -273,6 +273,8 @@ def run(args: argparse.Namespace) -> None:
                                 l2="cold")  # fmt: skip
                 del c, fns, all_fns
                 torch.cuda.empty_cache()
+                if args.out:  # after every case: a run stopped part-way keeps what it measured
+                    res.write(args.out)
     print_table(res.rows, ["case", "impl", "median_us", "gbps", "pct_copy", "mode"])
     if args.out:
         res.write(args.out)
