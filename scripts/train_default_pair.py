@@ -24,11 +24,12 @@ The CPU recipe produced the pair that ships in the package (about an hour on 2 c
   python scripts/train_default_pair.py --device cpu --work-dir /tmp/pair-cpu --threads 1
 
 On a machine with two GPUs the two heads can train at once (--only runs one stage whose
-predecessors are done; each process records its stage in the shared work dir):
+predecessors are done; each process records its stage in the shared work dir; S is this script):
 
-  CUDA_VISIBLE_DEVICES=0 python scripts/train_default_pair.py --device cuda --work-dir W --until peagle
-  CUDA_VISIBLE_DEVICES=1 python scripts/train_default_pair.py --device cuda --work-dir W --only eagle3
-  python scripts/train_default_pair.py --device cuda --work-dir W      # package, measure, report
+  python S --device cuda --work-dir W --until regen
+  CUDA_VISIBLE_DEVICES=0 python S --device cuda --work-dir W --only peagle &
+  CUDA_VISIBLE_DEVICES=1 python S --device cuda --work-dir W --only eagle3; wait
+  python S --device cuda --work-dir W                  # package, measure, report
 """
 
 from __future__ import annotations

@@ -130,6 +130,6 @@ def test_only_runs_the_heads_separately_and_keeps_each_others_done_marks(tiny):
     # the rest runs without redoing either head
     log_before = (work / "log.txt").read_text()
     assert _run(work, pkg) == 0
-    after = (work / "log.txt").read_text()[len(log_before):]
+    after = (work / "log.txt").read_text()[len(log_before) :]
     assert "] stage peagle\n" not in after and "] stage eagle3\n" not in after
     assert "] stage measure\n" in after
