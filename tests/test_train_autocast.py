@@ -66,6 +66,10 @@ def test_compiled_flex_bf16_autocast_matches_sdpa_on_cuda(parallel):
         grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
         out[kind] = (st.mean_kl, grads)
     assert out["flex"][0] == pytest.approx(out["dense"][0], rel=2e-2)
+    # Two bf16 kernels round differently: compare each gradient by its relative norm (an
+    # elementwise test fails on near-zero embedding-row entries; seen on the H200).
     for name, g in out["dense"][1].items():
-        assert torch.isfinite(out["flex"][1][name]).all(), name
-        torch.testing.assert_close(out["flex"][1][name], g, rtol=0.1, atol=2e-3, msg=name)
+        gf = out["flex"][1][name]
+        assert torch.isfinite(gf).all(), name
+        rel = float((gf - g).double().norm() / g.double().norm().clamp_min(1e-30))
+        assert rel < 5e-2, f"{name}: |flex - dense| / |dense| = {rel:.3g}"

@@ -222,3 +222,31 @@ def test_corpus_text_and_pretokenised_jsonl(tiny_target_dir, tmp_path):
     order = SequenceOrder(5, seed=1)
     first = [order.index(i)[1] for i in range(5)]
     assert sorted(first) == list(range(5)) and order.index(5)[0] == 1
+
+
+def test_pack_consumes_pack_sequences_per_forward(tiny_target_dir):
+    root, target, data, _ = tiny_target_dir
+    out = root / "packed"
+    common = ("--method", "peagle", "-k", "3", "--steps", "2", "--save-every", "100")
+    assert _train(target, data, out, *common, "--pack", "3", "--grad-accum", "2") == 0
+    state = torch.load(out / "train_state.pt", weights_only=False)
+    assert state["step"] == 2 and state["position"] == 2 * 2 * 3
+    with pytest.raises(ValueError, match="pack"):
+        _train(target, data, root / "bad-pack", *common, "--pack", "0")
+
+
+def test_time_budget_fixes_the_step_count_and_resume_keeps_it(tiny_target_dir, monkeypatch):
+    import peagle.train.trainer as trainer
+
+    root, target, data, _ = tiny_target_dir
+    out = root / "budget"
+    # a budget the calibrated steps cannot stretch past: stops well before --steps
+    monkeypatch.setattr(trainer, "CALIBRATION_STEPS", 2)
+    common = ("--method", "eagle3", "-k", "2", "--steps", "100000", "--save-every", "1000")
+    assert _train(target, data, out, *common, "--time-budget", "1e-3") == 0
+    state = torch.load(out / "train_state.pt", weights_only=False)
+    # the first (timed-out) calibration leaves one more step at least: 1 + 2 calibration + 1
+    assert state["budgeted_steps"] == state["step"] == 4
+    # a rerun with another budget resumes the fixed count: already finished
+    assert _train(target, data, out, *common, "--time-budget", "1e6") == 0
+    assert torch.load(out / "train_state.pt", weights_only=False)["step"] == 4

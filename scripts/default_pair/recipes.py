@@ -19,6 +19,10 @@ class DrafterRecipe:
     cod_r_min: float = 0.2
     partitions: int = 1
     grad_accum: int = 1
+    pack: int = 1  # sequences per forward (peagle train --pack)
+    # peagle train --time-budget: `steps` becomes a cap and the run is sized to end within this
+    # many minutes (loading and compiling included); 0 = exactly `steps`
+    budget_minutes: float = 0.0
 
 
 @dataclass
@@ -55,20 +59,24 @@ RECIPES = {
         eagle3=DrafterRecipe(num_layers=1, intermediate_size=384, steps=1200, seq_len=256, lr=1e-3),
         draft_vocab_size=1024,
     ),
-    # One H200, about 15-20 minutes of GPU time in chunks of --max-minutes 8.5 (not yet run;
-    # `--device cuda --dry-run` prints the plan): a deeper target trained on 26x the tokens, a
-    # 3-layer P-EAGLE drafter, 12x the drafter tokens of the CPU pair, greedy-only regeneration.
+    # One H200, under 20 minutes of GPU time (first run: docs/default-model-pair-gpu.md): a
+    # deeper target trained on 20x its corpus, greedy-only regeneration, and two heads trained
+    # for a fixed time each (6 min, the step count sized by peagle train --time-budget after
+    # timing its first steps) on 8 sequences packed per forward: the drafters are tiny, so a
+    # forward costs kernel launches, not FLOPs, and packing multiplies tokens per second.
     "gpu": Recipe(
         name="gpu",
         vocab_size=2048,
         target=TargetShape(hidden_size=256, num_layers=6, intermediate_size=448, num_kv_heads=2),
         target_train=TargetRecipe(steps=4000, batch_size=32, seq_len=512, lr=2e-3, warmup=200),
         peagle=DrafterRecipe(
-            num_layers=3, intermediate_size=384, steps=3000, seq_len=512, lr=1e-3, grad_accum=4
-        ),
+            num_layers=3, intermediate_size=384, steps=20000, seq_len=512, lr=1e-3, pack=8,
+            budget_minutes=6.0,
+        ),  # fmt: skip
         eagle3=DrafterRecipe(
-            num_layers=1, intermediate_size=384, steps=2000, seq_len=512, lr=1e-3, grad_accum=4
-        ),
+            num_layers=1, intermediate_size=384, steps=20000, seq_len=512, lr=1e-3, pack=8,
+            budget_minutes=6.0,
+        ),  # fmt: skip
         draft_vocab_size=1024,
         eval_prompts=96,
         regen_prompts=12000,
@@ -133,13 +141,14 @@ def estimate_package_bytes(r: Recipe, tokenizer_bytes: int = 130_000) -> dict[st
 
 
 # -- time plan (printed by --dry-run) ---------------------------------------------------------
-# Assumptions for one H200, written down before any GPU run of this recipe (replace them by the
-# measured tok/s of the log after the first run). Every model here is tiny (hidden 256), so the
+# Assumptions for one H200 (the first run, 2026-11-29, measured: target 12 -> 31 ms/step with
+# 600 k tok/s; regen 167 s; an unpacked eagle3 step of 4 x 512 tokens ~1 s, i.e. ~250 ms per
+# sequence of host-bound launches, hence --pack and the time budgets). Every model here is tiny (hidden 256), so the
 # GPU is launch-bound, not FLOP-bound: a step costs a floor of Python + kernel-launch time, and
 # only the target's 16 k-token batches come near the matrix units.
 H200_EFFECTIVE_FLOPS = 100e12  # bf16, small matrices (of ~790 TFLOP/s peak)
-TARGET_STEP_FLOOR_S = 0.012  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager
-HF_DECODE_STEP_S = 0.005  # one cached HF forward of the target (regen), any batch <= 256
+TARGET_STEP_FLOOR_S = 0.030  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager (measured 28-31)
+HF_DECODE_STEP_S = 0.0079  # one cached HF forward of the target (regen), batch 256 (measured)
 DRAFTER_SEQ_S = {"peagle": 0.020, "eagle3": 0.006}  # per sequence: target fwd, COD, mask, fwd+bwd
 EAGLE3_PASS_S = 0.003  # eagle3: per serial TTT pass (block mask + 1-layer fwd/bwd)
 DRAFTER_START_S = 60.0  # load target + data, compile FlexAttention fwd/bwd (each call)
@@ -184,7 +193,18 @@ def estimate_minutes(r: Recipe) -> list[tuple[str, str, float]]:
         )
     for name in ("peagle", "eagle3"):
         dr = getattr(r, name)
-        seqs = dr.steps * dr.grad_accum
+        if dr.budget_minutes > 0:
+            plan.append(
+                (
+                    name,
+                    f"{dr.num_layers} layers, MLP {dr.intermediate_size}, K {dr.k}, "
+                    f"{dr.pack} x {dr.seq_len} tokens per forward, steps sized to a "
+                    f"{dr.budget_minutes:g}-minute budget (at most {dr.steps})",
+                    dr.budget_minutes,
+                )
+            )
+            continue
+        seqs = dr.steps * dr.grad_accum * dr.pack
         per_seq = DRAFTER_SEQ_S[name] + (EAGLE3_PASS_S * dr.k if name == "eagle3" else 0.0)
         plan.append(
             (

@@ -164,6 +164,8 @@ def _train_drafter(ctx: Context, method: str) -> bool:
         "--seq-len", str(r.seq_len),
         "--steps", str(r.steps),
         "--grad-accum", str(r.grad_accum),
+        "--pack", str(r.pack),
+        "--time-budget", str(r.budget_minutes * 60),
         "--lr", str(r.lr),
         "--device", str(ctx.device),
         "--attention", ctx.attention,

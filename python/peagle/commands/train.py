@@ -91,7 +91,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     t.add_argument("--seq-len", type=int, default=2048, help="tokens per training sequence")
     t.add_argument("--steps", type=int, default=1000, help="optimizer steps")
-    t.add_argument("--grad-accum", type=int, default=1, help="sequences per optimizer step")
+    t.add_argument(
+        "--grad-accum", type=int, default=1, help="forwards (of --pack sequences) per step"
+    )
+    t.add_argument(
+        "--pack",
+        type=int,
+        default=1,
+        help="sequences packed into one forward as separate documents (the mask keeps them "
+        "apart; many tokens per launch for small drafters on a GPU; default: %(default)s)",
+    )
     t.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (AdamW)")
     t.add_argument("--warmup-steps", type=int, default=50)
     t.add_argument("--weight-decay", type=float, default=0.0)
@@ -122,6 +131,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "included; at least one step is made); rerun to resume (0 = none)"
         ),
     )
+    r.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        help="train for about this many seconds (loading and compiling included): the step "
+        "count is fixed after timing the first steps (at most --steps; kept on resume; "
+        "0 = exactly --steps)",
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
@@ -151,6 +168,7 @@ def run(args) -> int:
         seq_len=args.seq_len,
         steps=args.steps,
         grad_accum=args.grad_accum,
+        pack=args.pack,
         lr=args.lr,
         warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay,
@@ -162,6 +180,7 @@ def run(args) -> int:
         save_every=args.save_every,
         log_every=args.log_every,
         time_limit_s=args.time_limit,
+        time_budget_s=args.time_budget,
         seed=args.seed,
         progress=not args.no_progress,
     )

@@ -26,10 +26,11 @@ from peagle.train.cod import cod_sample
 from peagle.train.corpus import SequenceOrder, iter_documents, token_counts, tokenize_documents
 from peagle.train.init import drafter_config_for_target, init_drafter, select_draft_vocab
 from peagle.train.steps import StepStats, eagle3_sequence_step, peagle_sequence_step
-from peagle.train.target_features import shift_sequence, target_forward
+from peagle.train.target_features import pack_sequences, shift_sequence, target_forward
 
 STATE_NAME = "train_state.pt"
 LOG_NAME = "train_log.jsonl"
+CALIBRATION_STEPS = 8  # steps timed (after the first) to fix a time-budgeted run's length
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -55,6 +56,7 @@ class TrainConfig:
     min_seq_len: int = 16
     steps: int = 1000
     grad_accum: int = 1
+    pack: int = 1  # sequences packed into one forward (separate documents)
     lr: float = 6e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
@@ -69,6 +71,7 @@ class TrainConfig:
     save_every: int = 200
     log_every: int = 10
     time_limit_s: float = 0.0
+    time_budget_s: float = 0.0  # fix `steps` after calibration so training ends within this
     seed: int = 0
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -114,8 +117,10 @@ class Trainer:
             raise ValueError(f"method must be 'peagle' or 'eagle3', got {cfg.method!r}")
         if cfg.method == "eagle3" and cfg.partitions != 1:
             raise ValueError("sequence partitioning applies to P-EAGLE only (use --partitions 1)")
-        if cfg.num_depths < 1 or cfg.partitions < 1 or cfg.grad_accum < 1 or cfg.steps < 1:
-            raise ValueError("num_depths, partitions, grad_accum and steps must be >= 1")
+        if min(cfg.num_depths, cfg.partitions, cfg.grad_accum, cfg.pack, cfg.steps) < 1:
+            raise ValueError("num_depths, partitions, grad_accum, pack and steps must be >= 1")
+        if cfg.time_budget_s < 0:
+            raise ValueError(f"time_budget_s must be >= 0, got {cfg.time_budget_s}")
         self.cfg = cfg
         self.log = log
         self.out = Path(cfg.output)
@@ -146,6 +151,9 @@ class Trainer:
                 dcfg, with_mask_hidden=parallel, with_t2d=state["with_t2d"]
             )
             self.drafter.load_state_dict(state["model"])
+            fixed = state.get("budgeted_steps")
+            if fixed is not None:  # a time-budgeted run keeps the step count it calibrated
+                cfg.steps = fixed
             log(f"resuming {self.out} at step {state['step']}/{cfg.steps}")
         else:
             v = tcfg.vocab_size
@@ -184,6 +192,7 @@ class Trainer:
         )
         self.step = 0
         self.position = 0  # sequences consumed
+        self.budgeted_steps = None if state is None else state.get("budgeted_steps")
         if state is not None:
             self.opt.load_state_dict(state["optimizer"])
             self.step = state["step"]
@@ -198,11 +207,15 @@ class Trainer:
     # -- one optimizer step -------------------------------------------------------------------
 
     def _sequence_step(self, pos: int) -> tuple[StepStats, int]:
+        """Forward + backward of sequences ``pos .. pos + pack - 1``, packed into one forward."""
         cfg = self.cfg
-        _, si = self.order.index(pos)
-        tokens = self.sequences[si].to(self.device)
-        aux, logits = target_forward(self.target, tokens, self.aux_ids)
-        seq = shift_sequence(tokens, aux, logits, draft_to_target=self.draft_to_target)
+        shifted = []
+        for p in range(pos, pos + cfg.pack):
+            _, si = self.order.index(p)
+            tokens = self.sequences[si].to(self.device)
+            aux, logits = target_forward(self.target, tokens, self.aux_ids)
+            shifted.append(shift_sequence(tokens, aux, logits, draft_to_target=self.draft_to_target))
+        seq = pack_sequences(shifted)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + pos)
         elems = cod_sample(
             seq.n,
@@ -231,7 +244,7 @@ class Trainer:
         stats, tokens = StepStats(), 0
         for _ in range(cfg.grad_accum):
             st, n = self._sequence_step(self.position)
-            self.position += 1
+            self.position += cfg.pack
             stats.merge(st)
             tokens += n
         if cfg.grad_clip > 0:
@@ -240,6 +253,20 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         return stats, tokens
+
+    def _fix_budgeted_steps(self, step_s: float) -> None:
+        """With a time budget: the step count that ends training within it, from the measured
+        time per step (fixed once, before warmup ends; stored in the checkpoint for resumes)."""
+        cfg = self.cfg
+        if cfg.time_budget_s <= 0 or self.budgeted_steps is not None:
+            return
+        left = cfg.time_budget_s - (time.monotonic() - self._t_created)
+        steps = max(self.step + 1, min(cfg.steps, self.step + int(left / max(step_s, 1e-9))))
+        self.log(
+            f"time budget {cfg.time_budget_s:.0f} s: {step_s * 1e3:.0f} ms/step measured, "
+            f"training {steps} steps (of at most {cfg.steps})"
+        )
+        cfg.steps = self.budgeted_steps = steps
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -256,6 +283,7 @@ class Trainer:
             "parallel": self.drafter.mask_hidden is not None,
             "with_t2d": self.drafter.t2d is not None,
             "train_config": asdict(cfg),
+            "budgeted_steps": self.budgeted_steps,
         }
         tmp = self.out / (STATE_NAME + ".tmp")
         torch.save(state, tmp)
@@ -288,6 +316,12 @@ class Trainer:
             if steps_now > 0:
                 step_s = max(step_s, time.monotonic() - t_step)
             steps_now += 1
+            if steps_now == 1:
+                t_calib = time.monotonic()  # after the first (compiling) step
+            elif steps_now == CALIBRATION_STEPS + 1:
+                self._fix_budgeted_steps((time.monotonic() - t_calib) / CALIBRATION_STEPS)
+                if bar is not None:
+                    bar.total = cfg.steps
             window.merge(stats)
             win_tokens += tokens
             if bar is not None:
