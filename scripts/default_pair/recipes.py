@@ -143,8 +143,8 @@ def estimate_package_bytes(r: Recipe, tokenizer_bytes: int = 130_000) -> dict[st
 # -- time plan (printed by --dry-run) ---------------------------------------------------------
 # Assumptions for one H200 (the first run, 2026-11-29, measured: target 12 -> 31 ms/step with
 # 600 k tok/s; regen 167 s; an unpacked eagle3 step of 4 x 512 tokens ~1 s, i.e. ~250 ms per
-# sequence of host-bound launches, hence --pack and the time budgets). Every model here is tiny (hidden 256), so the
-# GPU is launch-bound, not FLOP-bound: a step costs a floor of Python + kernel-launch time, and
+# sequence of host-bound launches, hence --pack and the time budgets). Every model here is tiny
+# (hidden 256), so the GPU is launch-bound, not FLOP-bound: a step costs a floor of Python + kernel-launch time, and
 # only the target's 16 k-token batches come near the matrix units.
 H200_EFFECTIVE_FLOPS = 100e12  # bf16, small matrices (of ~790 TFLOP/s peak)
 TARGET_STEP_FLOOR_S = 0.030  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager (measured 28-31)

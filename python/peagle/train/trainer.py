@@ -214,7 +214,8 @@ class Trainer:
             _, si = self.order.index(p)
             tokens = self.sequences[si].to(self.device)
             aux, logits = target_forward(self.target, tokens, self.aux_ids)
-            shifted.append(shift_sequence(tokens, aux, logits, draft_to_target=self.draft_to_target))
+            d2t = self.draft_to_target
+            shifted.append(shift_sequence(tokens, aux, logits, draft_to_target=d2t))
         seq = pack_sequences(shifted)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + pos)
         elems = cod_sample(
