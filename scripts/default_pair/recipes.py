@@ -70,11 +70,21 @@ RECIPES = {
         target=TargetShape(hidden_size=256, num_layers=6, intermediate_size=448, num_kv_heads=2),
         target_train=TargetRecipe(steps=4000, batch_size=32, seq_len=512, lr=2e-3, warmup=200),
         peagle=DrafterRecipe(
-            num_layers=3, intermediate_size=384, steps=20000, seq_len=512, lr=1e-3, pack=8,
+            num_layers=3,
+            intermediate_size=384,
+            steps=20000,
+            seq_len=512,
+            lr=1e-3,
+            pack=8,
             budget_minutes=6.0,
         ),  # fmt: skip
         eagle3=DrafterRecipe(
-            num_layers=1, intermediate_size=384, steps=20000, seq_len=512, lr=1e-3, pack=8,
+            num_layers=1,
+            intermediate_size=384,
+            steps=20000,
+            seq_len=512,
+            lr=1e-3,
+            pack=8,
             budget_minutes=6.0,
         ),  # fmt: skip
         draft_vocab_size=1024,
@@ -144,8 +154,8 @@ def estimate_package_bytes(r: Recipe, tokenizer_bytes: int = 130_000) -> dict[st
 # Assumptions for one H200 (the first run, 2026-11-29, measured: target 12 -> 31 ms/step with
 # 600 k tok/s; regen 167 s; an unpacked eagle3 step of 4 x 512 tokens ~1 s, i.e. ~250 ms per
 # sequence of host-bound launches, hence --pack and the time budgets). Every model here is tiny
-# (hidden 256), so the GPU is launch-bound, not FLOP-bound: a step costs a floor of Python + kernel-launch time, and
-# only the target's 16 k-token batches come near the matrix units.
+# (hidden 256), so the GPU is launch-bound, not FLOP-bound: a step costs a floor of Python +
+# kernel-launch time, and only the target's 16 k-token batches come near the matrix units.
 H200_EFFECTIVE_FLOPS = 100e12  # bf16, small matrices (of ~790 TFLOP/s peak)
 TARGET_STEP_FLOOR_S = 0.030  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager (measured 28-31)
 HF_DECODE_STEP_S = 0.0079  # one cached HF forward of the target (regen), batch 256 (measured)
