@@ -30,6 +30,7 @@ namespace {
 constexpr int kChunk = 32;           // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
+constexpr int kSampleCtasPerSm = 3;        // decide_sample residency (its __launch_bounds__)
 constexpr int kMinStatsElems = 4096;   // row_stats / row_filter: at least this many per CTA
 
 enum : int32_t { kModeDone = 0, kModeRecovered = 1, kModeBonus = 2 };
@@ -591,7 +592,7 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
 
 
 template <LogitsDtype D>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, kSampleCtasPerSm)
     decide_sample_kernel(const VerifyChainParams p, const Workspace ws) {
   __shared__ ReqSmem rs;
   __shared__ DecideSmem ds;
@@ -672,9 +673,11 @@ Layout plan(const VerifyChainParams& p) {
   const int64_t elems_cap =
       (static_cast<int64_t>(p.vocab_size) + kMinStatsElems - 1) / kMinStatsElems;
   l.nsplit = static_cast<int32_t>(clamp_splits((8 * sms + rows - 1) / rows, elems_cap));
-  // decide_sample: ~8 CTAs per SM, at least one inverse-CDF tile each.
+  // decide_sample: one wave of resident CTAs (3 per SM, __launch_bounds__), at least one
+  // inverse-CDF tile each. Its CTAs are latency chains (inputs -> acceptance chain -> tile masses
+  // -> arrival), so extra waves cost whole chains (ncu, B=64 T=0.7: 1088 CTAs in ~3 waves, 53 us).
   l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
-  l.nsample = static_cast<int32_t>(clamp_splits((8 * sms + reqs - 1) / reqs, l.tiles));
+  l.nsample = static_cast<int32_t>(clamp_splits((kSampleCtasPerSm * sms) / reqs, l.tiles));
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
   // Candidate buffers: kCandCap keys per row while R <= 4096 rows, fewer (>= kMinCandCap) beyond,
   // so the workspace stays <= ~64 MB; a row with more candidates takes the radix fallback.
