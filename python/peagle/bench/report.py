@@ -82,9 +82,18 @@ def table(d: dict, peer: str, mode: str = "graph", pct_key: str | None = None) -
 
 
 def header(d: dict) -> str:
+    runs = d.get("copy_ceiling_gbps_runs")  # several runs merged into one file
+    ceiling = (
+        f"copy ceiling {d['copy_ceiling_gbps']:.0f} GB/s measured in the same run"
+        if not runs
+        else "copy ceiling measured in each run ("
+        + ", ".join(f"{k}: {v:.0f} GB/s" for k, v in runs.items())
+        + ")"
+    )
+    note = f" Conditions: {d['note']}." if d.get("note") else ""
     return (
-        f"GPU {d['gpu']}, torch {d.get('torch', '?')}, commit `{d['commit']}`, copy ceiling "
-        f"{d['copy_ceiling_gbps']:.0f} GB/s measured in the same run. Command: `{d['command']}`"
+        f"GPU {d['gpu']}, torch {d.get('torch', '?')}, commit `{d['commit']}`, {ceiling}. "
+        f"Command: `{d['command']}`.{note}"
     )
 
 
@@ -123,12 +132,12 @@ def generate(results: Path, docs: Path) -> list[Path]:
         lines += [""]
     if "attention" in fams:
         d = fams["attention"]
-        lines += ["## paged_attention (q_len 14 = 2K, page 16, shuffled pages)", "", header(d), "",
-                  "GB/s counts the KV bytes. Peers in the same run: torch SDPA (contiguous KV) and",
-                  "SDPA with the GQA group packed into the query axis (FlexAttention was slower",
-                  "than both at these shapes in an earlier run and was left out to fit the lease).",
-                  ""]  # fmt: skip
         present = {r["impl"] for r in d["rows"]}
+        flex = ("and compiled FlexAttention (bottom-right causal block mask, `enable_gqa`)."
+                if "flex" in present else "(FlexAttention not in this run: `--no-flex`).")
+        lines += ["## paged_attention (q_len 14 = 2K, page 16, shuffled pages)", "", header(d), "",
+                  "GB/s counts the KV bytes. Peers in the same run: torch SDPA (contiguous KV),",
+                  f"SDPA with the GQA group packed into the query axis {flex}", ""]  # fmt: skip
         for peer in ("sdpa-packed-gqa", "sdpa", "flex"):
             if peer in present:
                 lines += [f"vs {peer}:", ""] + table(d, peer, "graph") + [""]
@@ -189,12 +198,14 @@ def e2e_section(d: dict) -> list[str]:
         f"GPU {d.get('gpu')}, torch {d.get('torch')}, commit `{d.get('commit')}`, "
         f"{s.get('dtype')}, greedy, {s.get('num_prompts')} held-out prompts x "
         f"{s.get('max_new_tokens')} new tokens (EOS ignored), CUDA graphs "
-        f"{'on' if s.get('cuda_graphs') else 'off'}. Command: `{d.get('command')}`",
+        f"{'on' if s.get('cuda_graphs') else 'off'}. Command: `{d.get('command')}`"
+        + (f". Conditions: {d['note']}." if d.get("note") else ""),
         "",
         "Speedup = tokens/s over no speculation at the same concurrency; `x` = slower than no "
         "speculation.",
         "",
     ]
+    lines += step_breakdown(d)
     sets = [("measured", tune.measured_rows(d))]
     proj = tune.projected_rows(d)
     if proj:
@@ -217,6 +228,32 @@ def e2e_section(d: dict) -> list[str]:
             lines += markdown_analysis(a)
             lines += [""]
     return lines
+
+
+def step_breakdown(d: dict, concurrency: int = 1) -> list[str]:
+    """Where a decode step's time goes at one concurrency (CUDA events of the engine's phases;
+    overhead = wall per step minus both phases): acceptance vs drafting cost per K."""
+    rows = sorted(
+        (c for c in d.get("configs", {}).values() if c.get("concurrency") == concurrency),
+        key=lambda c: (c["method"] != "none", c["method"], c["k"]),
+    )
+    if not rows:
+        return []
+    out = [
+        f"Per step at concurrency {concurrency} (ms; acceptance length AL = tokens per target "
+        "step):",
+        "",
+        "| method | K | AL | target ms | drafter ms | host overhead ms | tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        al = c.get("acceptance_length")
+        out.append(
+            f"| {c['method']} | {c['k']} | {al if al is not None else 1.0:.2f} | "
+            f"{c.get('target_ms_per_step', 0):.3f} | {c.get('drafter_ms_per_step', 0):.3f} | "
+            f"{c.get('overhead_ms_per_step', 0):.3f} | {c['tokens_per_s']:.0f} |"
+        )
+    return out + [""]
 
 
 def markdown_analysis(a: dict) -> list[str]:
