@@ -133,8 +133,11 @@ def generate(results: Path, docs: Path) -> list[Path]:
     if "attention" in fams:
         d = fams["attention"]
         present = {r["impl"] for r in d["rows"]}
-        flex = ("and compiled FlexAttention (bottom-right causal block mask, `enable_gqa`)."
-                if "flex" in present else "(FlexAttention not in this run: `--no-flex`).")
+        flex = (
+            "and compiled FlexAttention (bottom-right causal block mask, `enable_gqa`)."
+            if "flex" in present
+            else "(FlexAttention not in this run: `--no-flex`)."
+        )
         lines += ["## paged_attention (q_len 14 = 2K, page 16, shuffled pages)", "", header(d), "",
                   "GB/s counts the KV bytes. Peers in the same run: torch SDPA (contiguous KV),",
                   f"SDPA with the GQA group packed into the query axis {flex}", ""]  # fmt: skip
