@@ -6,6 +6,10 @@
 // kernels are registered in python/peagle/ops.py.
 #include <torch/library.h>
 
+#include <vector>
+
+#include "peagle/kernels/prepare_draft_inputs.h"
+
 TORCH_LIBRARY(peagle, m) {
   // Stage A of the draft step (SPEC §3.2): next token and valid-token count per request from the
   // previous verification output. Also fused into prepare_draft_inputs.
@@ -27,6 +31,44 @@ TORCH_LIBRARY(peagle, m) {
       "Tensor(d!) is_masked, Tensor(e!) token_indices_to_sample, Tensor(f!) slot_mapping, "
       "Tensor(g!) new_query_start_loc, Tensor(h!) new_seq_lens, Tensor(i!) next_token_ids, "
       "Tensor(j!) valid_sampled_tokens_count, Tensor(k!)? hidden_states=None) -> ()");
+
+  // The same step with 16 arguments instead of 29 (the per-call dispatcher cost grows with the
+  // count): scalars in one CPU int64 `config` (DraftConfig order), the ten non-hidden outputs in
+  // three 1-D buffers (int64, int32, bool) at the offsets of the layout op below.
+  m.def(
+      "prepare_draft_inputs_workspace(Tensor target_token_ids, Tensor target_positions, "
+      "Tensor query_start_loc, Tensor seq_lens, Tensor sampled_token_ids, "
+      "Tensor discard_request_mask, Tensor backup_next_token_ids, Tensor cu_num_draft_tokens, "
+      "Tensor block_table, Tensor? target_hidden_states, Tensor? mask_hidden, Tensor config, "
+      "Tensor(a!) workspace_i64, Tensor(b!) workspace_i32, Tensor(c!) workspace_bool, "
+      "Tensor(d!)? hidden_states=None) -> ()");
+  // Element offsets: [positions, slot_mapping, i64 numel, input_ids, token_indices_to_sample,
+  // query_start_loc, seq_lens, next_token_ids, valid_sampled_tokens_count, i32 numel,
+  // is_rejected, is_masked, bool numel].
+  m.def(
+      "prepare_draft_inputs_workspace_layout(int num_reqs, int num_padding_slots_per_request, "
+      "int num_out_rows) -> int[]",
+      [](int64_t num_reqs, int64_t num_slots, int64_t num_out_rows) {
+        TORCH_CHECK(num_reqs >= 0 && num_slots >= 1 && num_out_rows >= 0,
+                    "peagle: workspace layout needs num_reqs >= 0, "
+                    "num_padding_slots_per_request >= 1, num_out_rows >= 0, got ",
+                    num_reqs, ", ", num_slots, ", ", num_out_rows);
+        const peagle::DraftWorkspaceLayout l =
+            peagle::draft_workspace_layout(num_reqs, num_slots, num_out_rows);
+        return std::vector<int64_t>{l.positions,
+                                    l.slot_mapping,
+                                    l.i64_numel,
+                                    l.input_ids,
+                                    l.token_indices_to_sample,
+                                    l.query_start_loc,
+                                    l.seq_lens,
+                                    l.next_token_ids,
+                                    l.valid_sampled_tokens_count,
+                                    l.i32_numel,
+                                    l.is_rejected,
+                                    l.is_masked,
+                                    l.bool_numel};
+      });
 
   // New K/V rows into the paged cache at slot_mapping; PADDING_SLOT_ID (-1) rows write nothing.
   m.def(

@@ -40,8 +40,20 @@ def prepare_draft_inputs_cases() -> None:
         batch = make_batch(g, kw.pop("num_reqs"), kw.pop("k"), **kw)
         gpu = ops.prepare_draft_inputs(*batch.positional("cuda"), **batch.kwargs("cuda"))
         cpu = ops.prepare_draft_inputs(*batch.positional(), **batch.kwargs())
+        # The workspace form (outputs in three typed buffers) over the same batch.
+        args, kwc = batch.positional("cuda"), batch.kwargs("cuda")
+        s = kwc.pop("num_padding_slots_per_request")
+        th, mh = kwc.pop("target_hidden_states", None), kwc.pop("mask_hidden", None)
+        rows = ops.num_draft_rows(args[0].shape[0], args[2].shape[0] - 1, s, kwc["shift_input_ids"])
+        ws = ops.DraftInputsWorkspace(
+            args[2].shape[0] - 1, rows, num_padding_slots_per_request=s, device="cuda",
+            hidden_size=None if th is None else th.shape[1],
+            hidden_dtype=None if th is None else th.dtype, **kwc,
+        )  # fmt: skip
+        wsout = ws(*args, th, mh)
         for name in ("input_ids", "positions", "slot_mapping", "token_indices_to_sample"):
             assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), (c, name)
+            assert torch.equal(getattr(wsout, name).cpu(), getattr(cpu, name)), (c, name)
     nxt = ops.prepare_next_token_ids(
         torch.randint(-2, 50, (40, 5), dtype=torch.int32, device="cuda"),
         torch.zeros(40, dtype=torch.bool, device="cuda"),

@@ -2,12 +2,12 @@
 // It runs the same per-request plan and per-row rule as the CUDA kernel
 // (peagle/kernels/prepare_draft_inputs.h) and, unlike the CUDA path, checks input values and
 // raises on bad ones (the CUDA path cannot without a host sync; it clamps instead).
+#include "peagle/bind/prepare_draft_inputs.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cstring>
-
-#include "peagle/bind/prepare_draft_inputs.h"
 
 namespace peagle {
 namespace {
@@ -26,8 +26,8 @@ void check_values(const PrepareDraftInputsParams& p) {
                 "]=", p.cu_num_draft_tokens[r], " after ", prev);
   }
   TORCH_CHECK(p.num_reqs == 0 || qsl[p.num_reqs] <= p.num_target_tokens,
-              "peagle: query_start_loc[B] = ", qsl[p.num_reqs], " exceeds T_in = ",
-              p.num_target_tokens);
+              "peagle: query_start_loc[B] = ", qsl[p.num_reqs],
+              " exceeds T_in = ", p.num_target_tokens);
   for (int32_t r = 0; r < p.num_reqs; ++r) {
     const int32_t qlen = qsl[r + 1] - qsl[r];
     if (qlen == 0 || p.seq_lens[r] == 0) continue;  // padding request: inputs are ignored
@@ -58,7 +58,8 @@ void run_prepare_draft_inputs_cpu(const PrepareDraftInputsParams& p) {
       p.next_token_ids[r] = plan.next_token;
       p.valid_sampled_tokens_count[r] = plan.valid_count;
       p.new_query_start_loc[r] = p.query_start_loc[r] + static_cast<int32_t>(r * n_new);
-      p.new_seq_lens[r] = plan.padding ? p.seq_lens[r] : p.seq_lens[r] + static_cast<int32_t>(n_new);
+      p.new_seq_lens[r] =
+          plan.padding ? p.seq_lens[r] : p.seq_lens[r] + static_cast<int32_t>(n_new);
       for (int32_t j = 0; j < plan.rows; ++j) {
         const DraftRow row = draft_row(p, plan, r, j);
         const int64_t o = plan.out0 + j;
@@ -126,8 +127,24 @@ void prepare_draft_inputs_cpu(
       discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
       target_hidden_states, mask_hidden, num_padding_slots_per_request, mask_token_id,
       padding_token_id, shift_input_ids, block_size, max_model_len, vocab_size, input_ids,
-      positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping,
-      new_query_start_loc, new_seq_lens, next_token_ids, valid_sampled_tokens_count,
+      positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping, new_query_start_loc,
+      new_seq_lens, next_token_ids, valid_sampled_tokens_count, hidden_states);
+  run_prepare_draft_inputs_cpu(bound.params);
+}
+
+void prepare_draft_inputs_workspace_cpu(
+    const at::Tensor& target_token_ids, const at::Tensor& target_positions,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+    const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
+    const at::Tensor& backup_next_token_ids, const at::Tensor& cu_num_draft_tokens,
+    const at::Tensor& block_table, const c10::optional<at::Tensor>& target_hidden_states,
+    const c10::optional<at::Tensor>& mask_hidden, const at::Tensor& config,
+    const at::Tensor& workspace_i64, const at::Tensor& workspace_i32,
+    const at::Tensor& workspace_bool, const c10::optional<at::Tensor>& hidden_states) {
+  auto bound = bind_prepare_draft_inputs_workspace(
+      target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
+      discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
+      target_hidden_states, mask_hidden, config, workspace_i64, workspace_i32, workspace_bool,
       hidden_states);
   run_prepare_draft_inputs_cpu(bound.params);
 }
@@ -158,6 +175,7 @@ void prepare_next_token_ids_cpu(const at::Tensor& sampled_token_ids,
 
 TORCH_LIBRARY_IMPL(peagle, CPU, m) {
   m.impl("prepare_draft_inputs", &prepare_draft_inputs_cpu);
+  m.impl("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace_cpu);
   m.impl("prepare_next_token_ids", &prepare_next_token_ids_cpu);
 }
 

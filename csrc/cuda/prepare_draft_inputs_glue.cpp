@@ -29,10 +29,27 @@ void prepare_draft_inputs_cuda(
       discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
       target_hidden_states, mask_hidden, num_padding_slots_per_request, mask_token_id,
       padding_token_id, shift_input_ids, block_size, max_model_len, vocab_size, input_ids,
-      positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping,
-      new_query_start_loc, new_seq_lens, next_token_ids, valid_sampled_tokens_count,
-      hidden_states);
+      positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping, new_query_start_loc,
+      new_seq_lens, next_token_ids, valid_sampled_tokens_count, hidden_states);
   // After the checks: a mixed-device call must report the argument, not fail in the guard.
+  const c10::cuda::CUDAGuard guard(target_token_ids.device());
+  C10_CUDA_CHECK(launch_prepare_draft_inputs(bound.params, c10::cuda::getCurrentCUDAStream()));
+}
+
+void prepare_draft_inputs_workspace_cuda(
+    const at::Tensor& target_token_ids, const at::Tensor& target_positions,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+    const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
+    const at::Tensor& backup_next_token_ids, const at::Tensor& cu_num_draft_tokens,
+    const at::Tensor& block_table, const c10::optional<at::Tensor>& target_hidden_states,
+    const c10::optional<at::Tensor>& mask_hidden, const at::Tensor& config,
+    const at::Tensor& workspace_i64, const at::Tensor& workspace_i32,
+    const at::Tensor& workspace_bool, const c10::optional<at::Tensor>& hidden_states) {
+  auto bound = bind_prepare_draft_inputs_workspace(
+      target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
+      discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
+      target_hidden_states, mask_hidden, config, workspace_i64, workspace_i32, workspace_bool,
+      hidden_states);
   const c10::cuda::CUDAGuard guard(target_token_ids.device());
   C10_CUDA_CHECK(launch_prepare_draft_inputs(bound.params, c10::cuda::getCurrentCUDAStream()));
 }
@@ -60,6 +77,7 @@ void prepare_next_token_ids_cuda(const at::Tensor& sampled_token_ids,
 
 TORCH_LIBRARY_IMPL(peagle, CUDA, m) {
   m.impl("prepare_draft_inputs", &prepare_draft_inputs_cuda);
+  m.impl("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace_cuda);
   m.impl("prepare_next_token_ids", &prepare_next_token_ids_cuda);
 }
 

@@ -29,6 +29,7 @@ __all__ = [
     "PADDING_SLOT_ID",
     "PLACEHOLDER_TOKEN_ID",
     "DraftInputs",
+    "DraftInputsWorkspace",
     "VerifyOutput",
     "empty_draft_inputs",
     "num_draft_rows",
@@ -210,6 +211,107 @@ def prepare_draft_inputs(
     _debug_check_on_cpu(_ops.prepare_draft_inputs.default, args)
     _ops.prepare_draft_inputs.default(*args)
     return out
+
+
+class DraftInputsWorkspace:
+    """Persistent outputs of :func:`prepare_draft_inputs` and the short call into them.
+
+    The same op (same kernel, same outputs) with 16 arguments per call instead of 29: the host
+    scalars live in one CPU int64 ``config`` tensor built here, and the ten non-hidden outputs
+    are views into three 1-D device buffers, one per dtype (``workspace_i64``, ``workspace_i32``,
+    ``workspace_bool``; element offsets from
+    ``torch.ops.peagle.prepare_draft_inputs_workspace_layout``, 16-byte aligned). The
+    dispatcher's per-call cost grows with the argument count, so this is the form for a decode
+    loop; FlashInfer's plan/run wrappers follow the same idea (shapes fixed once, data per call).
+    One buffer per dtype keeps it traceable by ``torch.compile`` (AOTAutograd cannot
+    functionalize in-place writes seen through views of another dtype).
+
+    Args:
+        num_reqs: ``B`` (CUDA-graph padding requests included).
+        num_out_rows: row capacity ``>= T_in + B*N`` (:func:`num_draft_rows`).
+        num_padding_slots_per_request, mask_token_id, block_size, max_model_len, vocab_size,
+        padding_token_id, shift_input_ids: as in :func:`prepare_draft_inputs`.
+        device: where the outputs live.
+        hidden_size, hidden_dtype: allocate ``hidden_states [num_out_rows, H]`` (P-EAGLE);
+            None for the token-only form (e.g. ``shift_input_ids=False``).
+
+    Attributes:
+        out: :class:`DraftInputs` of views into the buffers (rewritten by every call).
+
+    Raises:
+        RuntimeError: from the op when a call does not fit the layout (another ``B``, more rows
+            than ``num_out_rows``) and on every error of :func:`prepare_draft_inputs`.
+    """
+
+    def __init__(
+        self,
+        num_reqs: int,
+        num_out_rows: int,
+        *,
+        num_padding_slots_per_request: int,
+        mask_token_id: int,
+        block_size: int,
+        max_model_len: int,
+        vocab_size: int,
+        device: torch.device | str,
+        padding_token_id: int = 0,
+        shift_input_ids: bool = True,
+        hidden_size: int | None = None,
+        hidden_dtype: torch.dtype | None = None,
+    ) -> None:
+        s, b, rows = num_padding_slots_per_request, num_reqs, num_out_rows
+        lay = _ops.prepare_draft_inputs_workspace_layout(b, s, rows)
+        self.config = torch.tensor(
+            [s, mask_token_id, padding_token_id, int(shift_input_ids), block_size, max_model_len,
+             vocab_size, rows, b],
+            dtype=torch.int64,
+        )  # fmt: skip
+        w64 = torch.empty(lay[2], dtype=torch.int64, device=device)
+        w32 = torch.empty(lay[9], dtype=torch.int32, device=device)
+        wb = torch.empty(lay[12], dtype=torch.bool, device=device)
+        self.workspace_i64, self.workspace_i32, self.workspace_bool = w64, w32, wb
+        self.out = DraftInputs(
+            input_ids=w32[lay[3] : lay[3] + rows],
+            positions=w64[lay[0] : lay[0] + rows],
+            is_rejected=wb[lay[10] : lay[10] + rows],
+            is_masked=wb[lay[11] : lay[11] + rows],
+            token_indices_to_sample=w32[lay[4] : lay[4] + b * s],
+            slot_mapping=w64[lay[1] : lay[1] + rows],
+            query_start_loc=w32[lay[5] : lay[5] + b + 1],
+            seq_lens=w32[lay[6] : lay[6] + b],
+            next_token_ids=w32[lay[7] : lay[7] + b],
+            valid_sampled_tokens_count=w32[lay[8] : lay[8] + b],
+            hidden_states=None
+            if hidden_size is None
+            else torch.empty(rows, hidden_size, dtype=hidden_dtype, device=device),
+        )
+        self._op = _ops.prepare_draft_inputs_workspace.default
+
+    def __call__(
+        self,
+        target_token_ids: torch.Tensor,
+        target_positions: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        sampled_token_ids: torch.Tensor,
+        discard_request_mask: torch.Tensor,
+        backup_next_token_ids: torch.Tensor,
+        cu_num_draft_tokens: torch.Tensor,
+        block_table: torch.Tensor,
+        target_hidden_states: torch.Tensor | None = None,
+        mask_hidden: torch.Tensor | None = None,
+    ) -> DraftInputs:
+        """Run the draft step into :attr:`out` (inputs as in :func:`prepare_draft_inputs`)."""
+        args = (
+            target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
+            discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
+            target_hidden_states, mask_hidden, self.config, self.workspace_i64,
+            self.workspace_i32, self.workspace_bool, self.out.hidden_states,
+        )  # fmt: skip
+        if _DEBUG_CHECKS:
+            _debug_check_on_cpu(self._op, list(args))
+        self._op(*args)
+        return self.out
 
 
 def prepare_next_token_ids(
@@ -541,6 +643,7 @@ def _register_fakes() -> None:
     for name in (
         "prepare_next_token_ids",
         "prepare_draft_inputs",
+        "prepare_draft_inputs_workspace",
         "write_kv_cache",
         "paged_attention",
         "verify_chain",

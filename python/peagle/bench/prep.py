@@ -1,5 +1,9 @@
 """Benchmark: peagle.prepare_draft_inputs (one launch) vs the multi-op vLLM-style path.
 
+``peagle`` is the decode-loop form, :class:`peagle.ops.DraftInputsWorkspace` (16 arguments per
+call); the 29-argument ``prepare_draft_inputs`` call is timed too (``extra.separate_outputs``:
+same kernel, so the difference is per-call host cost).
+
 For B in {1, 8, 64, 256}, K = 7, H in {2880, 4096}, bf16, uniform decode batches with random
 accepted counts. Both implementations run on the same inputs in the same process; their
 outputs are compared before timing. Reported per case and impl: µs per step eager and in a
@@ -38,6 +42,8 @@ DESCRIPTION = __doc__.split("\n")[0]
 
 K = 7
 VOCAB = 201088
+WS_KEYS = ("mask_token_id", "block_size", "max_model_len", "vocab_size", "padding_token_id",
+           "shift_input_ids")  # fmt: skip
 
 
 def count_kernels(fn) -> int:
@@ -66,7 +72,10 @@ def build_sets(b, h, n_sets, seed):
         t_in = args[0].shape[0]
         rows = ops.num_draft_rows(t_in, b, K)
         out = ops.empty_draft_inputs(b, rows, K, "cuda", h, torch.bfloat16)
-        sets.append((args, kw, out))
+        ws = ops.DraftInputsWorkspace(b, rows, num_padding_slots_per_request=K, device="cuda",
+                                      hidden_size=h, hidden_dtype=torch.bfloat16,
+                                      **{k: kw[k] for k in WS_KEYS if k in kw})  # fmt: skip
+        sets.append((args, kw, out, ws))
     return sets
 
 
@@ -113,11 +122,15 @@ def run(args_cli: argparse.Namespace) -> None:
                         mask_token_id=VOCAB - 1)  # fmt: skip
 
             def run_peagle(i, sets=sets):
-                a, kw, out = sets[i % len(sets)]
+                a, kw, _, ws = sets[i % len(sets)]
+                ws(*a, kw["target_hidden_states"], kw["mask_hidden"])
+
+            def run_separate(i, sets=sets):
+                a, kw, out, _ = sets[i % len(sets)]
                 ops.prepare_draft_inputs(*a, **kw, out=out)
 
             def run_peer(i, sets=sets, peers=peers, scal=scal):
-                a, kw, _ = sets[i % len(sets)]
+                a, kw, _, _ = sets[i % len(sets)]
                 return peers[i % len(sets)](*a, kw["target_hidden_states"], kw["mask_hidden"],
                                             **scal)  # fmt: skip
 
@@ -133,20 +146,28 @@ def run(args_cli: argparse.Namespace) -> None:
             # Correct first: same outputs on every set.
             for i in range(len(sets)):
                 run_peagle(i)
+                run_separate(i)
                 new_qsl, new_sl = run_peer(i)
-                a, kw, out = sets[i]
+                a, kw, out, ws = sets[i]
+                check_same(a, kw, ws.out, peers[i], new_qsl, new_sl)
                 check_same(a, kw, out, peers[i], new_qsl, new_sl)
             torch.cuda.synchronize()
 
             # Host cost of one call (wrapper, dispatcher, checks, launch), GPU not waited on.
 
-            a0, kw0, out0 = sets[0]
+            a0, kw0, out0, ws0 = sets[0]
             raw = torch.ops.peagle.prepare_draft_inputs.default
             full = [*a0, kw0["target_hidden_states"], kw0["mask_hidden"], K, VOCAB - 1, 0, True,
                     16, 10**6, VOCAB, *out0]  # fmt: skip
+            raw_ws = torch.ops.peagle.prepare_draft_inputs_workspace.default
+            full_ws = [*a0, kw0["target_hidden_states"], kw0["mask_hidden"], ws0.config,
+                       ws0.workspace_i64, ws0.workspace_i32, ws0.workspace_bool,
+                       ws0.out.hidden_states]  # fmt: skip
             calls = {
-                "wrapper": lambda f=run_peagle: f(0),
-                "raw_op": lambda raw=raw, full=full: raw(*full),
+                "workspace": lambda f=run_peagle: f(0),
+                "workspace_raw_op": lambda raw=raw_ws, full=full_ws: raw(*full),
+                "separate_outputs": lambda f=run_separate: f(0),
+                "separate_outputs_raw_op": lambda raw=raw, full=full: raw(*full),
             }
             for label, call in calls.items():
                 for _ in range(50):
@@ -175,6 +196,11 @@ def run(args_cli: argparse.Namespace) -> None:
                         kernels=kernels)  # fmt: skip
                 res.add(case + ",eager-throughput", impl, t_tput,
                         hidden_bytes / (t_tput * 1e-6) / 1e9, kernels=kernels)  # fmt: skip
+            sep = res.extra.setdefault("separate_outputs", {})  # the 29-argument call, same run
+            sep[case + ",eager"] = round(bench_eager(run_separate, iters=200), 3)
+            sep[case + ",eager-throughput"] = round(
+                bench_eager_throughput(run_separate, calls=200, repeats=5), 3
+            )
             del sets, peers
             torch.cuda.empty_cache()
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -252,6 +252,9 @@ class SpecDecoder:
         self._staging_big: StepStaging | None = None
         self._no_discard = torch.zeros(max_num_seqs, dtype=torch.bool, device=self.device)
         self._arange_i32 = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=self.device)
+        # Draft-step output buffers by (B, rows, hidden dtype): the short op call, no per-step
+        # allocation (a few shapes recur in decode; bounded for ragged prefill mixes).
+        self._draft_workspaces: OrderedDict[tuple, ops.DraftInputsWorkspace] = OrderedDict()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -659,6 +662,38 @@ class SpecDecoder:
         for i, r in enumerate(batch.reqs):
             r.draft_row = i if drafting[i] else None
 
+    _MAX_DRAFT_WORKSPACES = 16
+
+    def _draft_workspace(
+        self, b: int, t_in: int, slots: int, hidden: torch.Tensor
+    ) -> ops.DraftInputsWorkspace:
+        """Output buffers of the draft step for this shape, reused across steps; fresh (owned by
+        the graph's pool) while a CUDA graph is being captured."""
+        rows = ops.num_draft_rows(t_in, b, slots)
+        key = (b, rows, slots, hidden.shape[1], hidden.dtype)
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ws = None if capturing else self._draft_workspaces.get(key)
+        if ws is None:
+            ws = ops.DraftInputsWorkspace(
+                b,
+                rows,
+                num_padding_slots_per_request=slots,
+                mask_token_id=self.mask_token_id,
+                block_size=self.block_size,
+                max_model_len=self.drafter_max_len,
+                vocab_size=self.vocab_size,
+                device=self.device,
+                hidden_size=hidden.shape[1],
+                hidden_dtype=hidden.dtype,
+            )
+            if not capturing:
+                self._draft_workspaces[key] = ws
+                if len(self._draft_workspaces) > self._MAX_DRAFT_WORKSPACES:
+                    self._draft_workspaces.popitem(last=False)
+        else:
+            self._draft_workspaces.move_to_end(key)
+        return ws
+
     def draft_eager(
         self, t: StepTensors, out_tokens: torch.Tensor, aux: torch.Tensor
     ) -> torch.Tensor:
@@ -668,7 +703,9 @@ class SpecDecoder:
         s = self.num_spec_tokens
         parallel = self.method == "peagle"
         b = t.seq_lens.shape[0]
-        di = ops.prepare_draft_inputs(
+        hidden = d.project_target_hidden(aux)
+        ws = self._draft_workspace(b, t.input_ids.shape[0], s if parallel else 1, hidden)
+        di = ws(
             t.input_ids,
             t.positions,
             t.query_start_loc,
@@ -678,13 +715,8 @@ class SpecDecoder:
             t.backup_next_token_ids,
             t.cu_num_draft_tokens,
             t.block_table,
-            num_padding_slots_per_request=s if parallel else 1,
-            mask_token_id=self.mask_token_id,
-            block_size=self.block_size,
-            max_model_len=self.drafter_max_len,
-            vocab_size=self.vocab_size,
-            target_hidden_states=d.project_target_hidden(aux),
-            mask_hidden=self.mask_vector,
+            hidden,
+            self.mask_vector,
         )
         meta = AttentionMetadata(
             di.positions, di.slot_mapping, di.query_start_loc, di.seq_lens, t.block_table,

@@ -22,11 +22,11 @@ struct PrepareDraftInputsParams {
   // Stage A/B inputs.
   const int32_t* sampled_token_ids = nullptr;  // [num_reqs, sampled_stride], K+1 columns used
   int64_t sampled_stride = 0;
-  int32_t num_sampled_cols = 0;  // K + 1
-  const bool* discard_request_mask = nullptr;    // [num_reqs]
+  int32_t num_sampled_cols = 0;                    // K + 1
+  const bool* discard_request_mask = nullptr;      // [num_reqs]
   const int32_t* backup_next_token_ids = nullptr;  // [num_reqs]
-  const int32_t* cu_num_draft_tokens = nullptr;  // [num_reqs], inclusive
-  const int32_t* block_table = nullptr;          // [num_reqs, block_table_stride]
+  const int32_t* cu_num_draft_tokens = nullptr;    // [num_reqs], inclusive
+  const int32_t* block_table = nullptr;            // [num_reqs, block_table_stride]
   int64_t block_table_stride = 0;
   int32_t max_blocks_per_seq = 0;
   // Hidden rows (bytes, dtype-agnostic); hidden_row_bytes == 0 disables the hidden part.
@@ -54,12 +54,67 @@ struct PrepareDraftInputsParams {
   bool* is_masked = nullptr;
   int64_t* slot_mapping = nullptr;
   // Per-request outputs.
-  int32_t* token_indices_to_sample = nullptr;  // [num_reqs * S]
-  int32_t* new_query_start_loc = nullptr;      // [num_reqs + 1]
-  int32_t* new_seq_lens = nullptr;             // [num_reqs]
-  int32_t* next_token_ids = nullptr;           // [num_reqs]
+  int32_t* token_indices_to_sample = nullptr;     // [num_reqs * S]
+  int32_t* new_query_start_loc = nullptr;         // [num_reqs + 1]
+  int32_t* new_seq_lens = nullptr;                // [num_reqs]
+  int32_t* next_token_ids = nullptr;              // [num_reqs]
   int32_t* valid_sampled_tokens_count = nullptr;  // [num_reqs]
 };
+
+// The workspace form of the op (prepare_draft_inputs_workspace): the host scalars travel as one
+// CPU int64 tensor and the ten non-hidden outputs share three device buffers, one per dtype
+// (int64, int32, bool: views of one dtype keep torch.compile able to functionalize them), so a
+// call carries 16 arguments instead of 29 (the per-call dispatcher cost grows with the count).
+enum DraftConfig : int {
+  kCfgNumSlots = 0,  // num_padding_slots_per_request (S)
+  kCfgMaskTokenId,
+  kCfgPaddingTokenId,
+  kCfgShift,  // shift_input_ids (0 / 1)
+  kCfgBlockSize,
+  kCfgMaxModelLen,
+  kCfgVocabSize,
+  kCfgNumOutRows,  // row capacity of the outputs
+  kCfgNumReqs,     // B the workspace was laid out for
+  kDraftConfigSize
+};
+
+constexpr int64_t kDraftWorkspaceAlign = 16;  // bytes; every output starts at such a boundary
+
+// Element offsets of each output in its buffer, and each buffer's element count.
+struct DraftWorkspaceLayout {
+  int64_t positions, slot_mapping, i64_numel;  // int64 buffer
+  int64_t input_ids, token_indices_to_sample, query_start_loc, seq_lens, next_token_ids,
+      valid_sampled_tokens_count, i32_numel;   // int32 buffer
+  int64_t is_rejected, is_masked, bool_numel;  // bool buffer
+};
+
+inline DraftWorkspaceLayout draft_workspace_layout(int64_t num_reqs, int64_t num_slots,
+                                                   int64_t num_out_rows) {
+  DraftWorkspaceLayout l{};
+  // Appends n elements of `esize` bytes at *at (in elements), rounded up to the alignment.
+  auto take = [](int64_t* at, int64_t n, int64_t esize) {
+    const int64_t start = *at, step = kDraftWorkspaceAlign / esize;
+    *at += (n + step - 1) / step * step;
+    return start;
+  };
+  int64_t at = 0;
+  l.positions = take(&at, num_out_rows, 8);
+  l.slot_mapping = take(&at, num_out_rows, 8);
+  l.i64_numel = at;
+  at = 0;
+  l.input_ids = take(&at, num_out_rows, 4);
+  l.token_indices_to_sample = take(&at, num_reqs * num_slots, 4);
+  l.query_start_loc = take(&at, num_reqs + 1, 4);
+  l.seq_lens = take(&at, num_reqs, 4);
+  l.next_token_ids = take(&at, num_reqs, 4);
+  l.valid_sampled_tokens_count = take(&at, num_reqs, 4);
+  l.i32_numel = at;
+  at = 0;
+  l.is_rejected = take(&at, num_out_rows, 1);
+  l.is_masked = take(&at, num_out_rows, 1);
+  l.bool_numel = at;
+  return l;
+}
 
 // Stage A (SPEC §3.2) for one request: a token is valid iff 0 <= id < vocab_size.
 // Columns are read in unrolled chunks of 8 so that the loads of a row are in flight together.
@@ -211,7 +266,8 @@ PEAGLE_HD int64_t draft_tail_start(const PrepareDraftInputsParams& p) {
 #if defined(PEAGLE_WITH_CUDA) || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 namespace peagle {
-// One launch: Stages A-E, hidden scatter + mask broadcast, inert tail (csrc/cuda/prepare_draft_inputs.cu).
+// One launch: Stages A-E, hidden scatter + mask broadcast, inert tail
+// (csrc/cuda/prepare_draft_inputs.cu).
 cudaError_t launch_prepare_draft_inputs(const PrepareDraftInputsParams& p, cudaStream_t stream);
 // Stage A alone: next_token_ids / valid_sampled_tokens_count.
 cudaError_t launch_prepare_next_token_ids(const int32_t* sampled_token_ids, int64_t sampled_stride,
