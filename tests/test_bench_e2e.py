@@ -204,3 +204,13 @@ def test_run_config_through_the_graph_layout():
         assert rows[0]["outputs_sha1"] == rows[1]["outputs_sha1"]
         assert rows[0]["acceptance_length"] == rows[1]["acceptance_length"]
         assert rows[1]["output_tokens"] == 30 and rows[1]["num_requests"] == 3
+
+
+def test_projection_label_names_the_recorded_shape():
+    from peagle.bench import tune
+
+    assert tune.projection_label({"projection_shape": projection.ProjectionShape().to_dict()}) == (
+        "projection: ~1B random-weight target"
+    )
+    tiny = tune.projection_label({"projection_shape": projection.TINY_SHAPE.to_dict()})
+    assert "~1B" not in tiny and "hidden 128, 4 layers" in tiny

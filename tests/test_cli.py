@@ -129,3 +129,23 @@ def test_python_m_help():
     for flag in ("--draft-model", "--prompts-file", "--num-speculative-tokens", "--json"):
         assert flag in res.stdout
     assert "examples:" in res.stdout
+
+
+def test_generate_warns_when_k_exceeds_the_trained_depth(tmp_path, capsys):
+    tdir, ddir, _ = save_pair(tmp_path)
+    cfg_path = ddir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["peagle_training"] = {"method": "peagle", "num_depths": 2}
+    cfg_path.write_text(json.dumps(cfg))
+    base = ["--model", str(tdir), "--draft-model", str(ddir), "--prompt", "w5",
+            "--max-new-tokens", "3"]  # fmt: skip
+    rc, _, err = run_cli([*base, "-k", "3"], capsys)
+    assert rc == 0 and "K=3 exceeds the depth this drafter was trained for (2)" in err
+    rc, _, err = run_cli([*base, "-k", "2"], capsys)
+    assert rc == 0 and "exceeds the depth" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only torch")
+def test_demo_on_cuda_without_cuda_is_a_clear_error():
+    with pytest.raises(SystemExit, match="needs a CUDA build of torch"):
+        main(["demo", "--device", "cuda"])

@@ -111,9 +111,20 @@ def format_analysis(a: dict, label: str = "measured") -> list[str]:
     return lines
 
 
+def projection_label(data: dict) -> str:
+    """Label of the projected rows, from the shape recorded in the results file."""
+    shape = data.get("projection_shape") or {}
+    if shape.get("hidden_size", 2048) == 2048 and shape.get("num_layers", 16) == 16:
+        return "projection: ~1B random-weight target"
+    return (
+        f"projection: random-weight target, hidden {shape.get('hidden_size')}, "
+        f"{shape.get('num_layers')} layers"
+    )
+
+
 def print_tables(data: dict, concurrency: int | None = None, projection: bool = True) -> None:
     for label, rows in (("measured", measured_rows(data)),
-                        ("projection: ~1B random-weight target", projected_rows(data)
+                        (projection_label(data), projected_rows(data)
                          if projection else [])):  # fmt: skip
         cs = concurrencies(rows) if concurrency is None else [concurrency]
         for c in cs:

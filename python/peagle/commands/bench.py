@@ -27,7 +27,7 @@ examples:
   peagle bench e2e --device cuda --out benchmarks/results/e2e-h200.json --max-minutes 8.5
   peagle bench e2e --device cuda --projection --projection-only --max-minutes 8.5
   peagle bench e2e --device cpu --k 1 3 --concurrency 1 2 --num-prompts 2 \\
-      --max-new-tokens 16 --out /tmp/e2e-cpu.json
+      --max-new-tokens 16 --out e2e-cpu.json
   peagle bench report                                    # rewrite docs/results.md + plots
   peagle tune --results benchmarks/results/e2e-h200.json --concurrency 1
 """

@@ -24,5 +24,11 @@ def run(args) -> int:
 
     from peagle.demo import run_demo
 
-    run_demo(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.seed)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(
+            f"peagle demo: --device {device} needs a CUDA build of torch and a visible GPU "
+            f"(this torch: {torch.__version__}, CUDA available: no); use --device cpu"
+        )
+    run_demo(device, args.seed)
     return 0

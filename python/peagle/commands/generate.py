@@ -259,6 +259,19 @@ def _check_args(args) -> None:
         raise SystemExit("peagle generate: --max-new-tokens must be >= 1")
 
 
+def _warn_beyond_trained_depth(drafter, k: int) -> None:
+    """K past the depth a drafter was trained for runs, but its extra slots are untrained."""
+    depth = (
+        None if drafter is None else drafter.config.raw.get("peagle_training", {}).get("num_depths")
+    )
+    if depth is not None and k > depth:
+        print(
+            f"peagle generate: warning: K={k} exceeds the depth this drafter was trained for "
+            f"({depth}); drafts past it come from untrained slots and are rarely accepted",
+            file=sys.stderr,
+        )
+
+
 def run(args) -> int:
     _check_args(args)
     prompts = read_prompts(args)
@@ -291,6 +304,7 @@ def run(args) -> int:
             device=device,
             dtype=dtype,
         )
+        _warn_beyond_trained_depth(drafter, args.num_speculative_tokens)
         token_ids = [encode_prompt(tokenizer, p, args.chat_template) for p in prompts]
         # KV sized for the longest request this run can produce, unless told otherwise.
         max_len = args.max_model_len or max(len(t) for t in token_ids) + args.max_new_tokens

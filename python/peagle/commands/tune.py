@@ -76,7 +76,7 @@ def run(args) -> int:
     data = tune.load(args.results)
     sets = [("measured", tune.measured_rows(data))]
     if not args.no_projection:
-        sets.append(("projection: ~1B random-weight target", tune.projected_rows(data)))
+        sets.append((tune.projection_label(data), tune.projected_rows(data)))
     out = []
     for label, rows in sets:
         for c in args.concurrency or tune.concurrencies(rows):
