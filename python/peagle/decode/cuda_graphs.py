@@ -23,6 +23,9 @@ Set ``PEAGLE_DEBUG_CHECKS=0`` while capturing (the debug checks copy to the host
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 
 from peagle.decode.engine import StepTensors
@@ -37,6 +40,20 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic GC off while capturing: a collection inside a capture that frees a dead
+    engine's CUDA graphs (engines sit in reference cycles) calls cudaGraphExecDestroy mid-capture,
+    which invalidates the capture (cudaErrorStreamCaptureInvalidated)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Replayable:
     """``fn`` captured in a CUDA graph (``capture=True``) or re-run eagerly on ``replay`` (the
     same static-buffer layout without graphs: how the CPU tests exercise the padded path)."""
@@ -47,7 +64,7 @@ class _Replayable:
         self.outputs = None
         if capture:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            with _no_cyclic_gc(), torch.cuda.graph(self.graph, pool=pool):
                 self.outputs = fn()
 
     def replay(self):
@@ -133,6 +150,7 @@ class DecodeGraphs:
         target_fn = lambda: eng.target_and_verify_eager(view, self.k)
         drafter_fn = lambda: eng.draft_eager(view, g.target.outputs[0], g.target.outputs[2])
         if self.capture:
+            gc.collect()  # free dead engines' graphs now, not inside a capture (_no_cyclic_gc)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
