@@ -520,6 +520,12 @@ def verify_chain(
     Greedy requests (``temperature == 0``) accept draft ``j`` iff it equals the first-index argmax
     of row ``j``'s logits; the first mismatch emits that argmax; if all are accepted the bonus
     row's argmax is emitted. They are never divided by the temperature; top-k/top-p do not apply.
+    NaN logits count as -inf; a row with no logit above -inf (e.g. all NaN) has argmax 0.
+
+    Non-finite logits (SPEC §6.7, both modes): a row whose maximum is +inf is one-hot at its
+    **first** +inf index ``f`` (not an even split over several +inf ids): a draft ``f`` is accepted
+    (random rows: iff ``q(f) > 0`` and ``u <= 1 / q(f)``), any other draft is rejected and ``f``
+    is emitted, a bonus row emits ``f``.
 
     Random requests use scores ``s = logit * (1.0f / T)`` (float32; NaN counts as -inf).
     Top-k (``k = top_k[r]``, off if 0 or >= V) keeps ``s >= `` the k-th largest score (ties at the
