@@ -1,0 +1,298 @@
+"""EDGE_CASES.md section X (X1, X4, X5, X9, X10) as tests of the ops and the decode loop.
+
+One section per entry; every test uses fresh random inputs (never zeros), poisons its outputs
+first and checks values against an independent reference (tests/reference/*) or an exact
+construction. CUDA variants run where a GPU is present (the ``device`` fixture); the heavier
+CUDA sweeps are marked ``requires_cuda``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import poison_, requires_cuda
+from prep_inputs import make_batch
+from reference import philox as rph
+from reference.paged_attention import assert_fa3_close, paged_attention_ref
+from reference.prepare_draft_inputs import prepare_draft_inputs_ref
+from reference.verify_chain import verify_chain_reference
+
+import peagle
+from peagle import ops
+from peagle.ops import VerifyOutput
+
+CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]  # as tests/test_paged_attention.py
+
+
+# =============================================================================================
+# X1 -- multi-token decode: identical requests must give bit-identical rows at any batch index
+# =============================================================================================
+
+
+def _attn(query, kc, vc, table, qsl, seq, **kw):
+    out = poison_(torch.empty_like(query))
+    lse = poison_(torch.empty(query.shape[:2], dtype=torch.float32, device=query.device))
+    peagle.paged_attention(query, kc, vc, table, qsl, seq, return_lse=True, out=out, lse=lse, **kw)
+    return out, lse
+
+
+def identical_batch(gen, copies, q_len, kv_len, hq, hkv, d, block_size, dtype, device):
+    """``copies`` requests with the same Q and the same K/V content, each in its own physical
+    pages (a random permutation), and one different neighbour request at batch index 1 (other
+    q_len and kv_len). Pages nobody owns and cache slots past each kv_len hold NaN.
+
+    Returns ``(args, idx, single)``: the op's positional inputs, the batch indices of the copies,
+    and the inputs of the copy alone (for the fp64 reference)."""
+    n_q, n_kv = q_len + 3, kv_len // 2 + 7  # the neighbour
+    q_lens = [q_len, n_q] + [q_len] * (copies - 1)
+    kv_lens = [kv_len, n_kv] + [kv_len] * (copies - 1)
+    idx = [0] + list(range(2, copies + 1))
+    need = [-(-kv // block_size) for kv in kv_lens]
+    width = max(need) + 1
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    kc = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+    vc = torch.full_like(kc, float("nan"))
+    table = torch.full((len(q_lens), width), -1, dtype=torch.int32)
+    k_a = torch.randn(kv_len, hkv, d, generator=gen)
+    v_a = torch.randn(kv_len, hkv, d, generator=gen)
+    q_a = torch.randn(q_len, hq, d, generator=gen)
+    nxt = 0
+    for r, (kv, n) in enumerate(zip(kv_lens, need, strict=True)):
+        blocks = perm[nxt : nxt + n]
+        nxt += n
+        table[r, :n] = blocks.to(torch.int32)
+        kk = k_a if r != 1 else torch.randn(kv, hkv, d, generator=gen)
+        vv = v_a if r != 1 else torch.randn(kv, hkv, d, generator=gen)
+        for j in range(n):
+            lo, hi = j * block_size, min(kv, (j + 1) * block_size)
+            kc[blocks[j], : hi - lo] = kk[lo:hi]
+            vc[blocks[j], : hi - lo] = vv[lo:hi]
+    query = torch.cat([q_a, torch.randn(n_q, hq, d, generator=gen)] + [q_a] * (copies - 1))
+    qsl = torch.tensor([0] + np.cumsum(q_lens).tolist(), dtype=torch.int32)
+    i32 = {"dtype": torch.int32, "device": device}
+    kc, vc = kc.to(dtype=dtype, device=device), vc.to(dtype=dtype, device=device)
+    args = (
+        query.to(dtype=dtype, device=device), kc, vc, table.to(device), qsl.to(device),
+        torch.tensor(kv_lens, **i32),
+    )  # fmt: skip
+    single = (
+        q_a.to(dtype), kc.cpu(), vc.cpu(), table[:1], torch.tensor([0, q_len], dtype=torch.int32),
+        torch.tensor([kv_len], dtype=torch.int32),
+    )  # fmt: skip
+    return args, idx, single
+
+
+def _check_identical(args, idx, single, ref, ref_lse, ref_pt, what, **kw):
+    qsl = args[4].tolist()
+    out, lse = _attn(*args, **kw)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{what}: NaN"
+    first = slice(qsl[idx[0]], qsl[idx[0] + 1])
+    for r in idx[1:]:
+        rows = slice(qsl[r], qsl[r + 1])
+        assert torch.equal(out[rows], out[first]), f"{what}: request {r} differs from request 0"
+        assert torch.equal(lse[rows], lse[first]), f"{what}: lse of request {r} differs"
+    assert_fa3_close(out[first], ref, ref_pt, what=what)
+    torch.testing.assert_close(lse[first].cpu().double(), ref_lse, rtol=0, atol=2e-4)
+
+
+X1_HEADS = [(32, 8, 128), (64, 8, 64), (8, 8, 64)]
+
+
+@pytest.mark.parametrize("heads", X1_HEADS, ids=lambda h: "x".join(map(str, h)))
+@pytest.mark.parametrize("q_len", [2, 5, 16])
+def test_x1_identical_requests_give_identical_rows(device, gen, heads, q_len):
+    """X1: B = 4 requests, three of them identical (Q and K/V content, different pages) around a
+    different neighbour: every copy's rows are bit-identical, with the automatic and an explicit
+    split count, and equal the per-request fp64 reference (bottom-right causal mask)."""
+    hq, hkv, d = heads
+    kv_len = 3000 if device == "cuda" else 700
+    args, idx, single = identical_batch(
+        gen, 3, q_len, kv_len, hq, hkv, d, 16, torch.bfloat16, device
+    )
+    ref, ref_lse = paged_attention_ref(*single)
+    ref_pt, _ = paged_attention_ref(*single, compute_dtype=torch.bfloat16)
+    for ns in (0, 3):
+        _check_identical(args, idx, single, ref, ref_lse, ref_pt, f"num_splits={ns}",
+                         num_splits=ns, max_query_len=q_len + 3)  # fmt: skip
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", X1_HEADS, ids=lambda h: "x".join(map(str, h)))
+@pytest.mark.parametrize("q_len", list(range(2, 17)))
+def test_x1_cuda_sweep_identical_requests_every_qlen_and_kernel(gen, heads, q_len, dtype,
+                                                                monkeypatch):  # fmt: skip
+    """X1 on the GPU: q_len 2..16, every kernel variant, split-KV on (kv 4100, auto / 3 / 7
+    splits) and off (1 split): identical requests bit-identical, close to the fp64 reference."""
+    hq, hkv, d = heads
+    args, idx, single = identical_batch(gen, 3, q_len, 4100, hq, hkv, d, 16, dtype, "cuda")
+    ref, ref_lse = paged_attention_ref(*single)
+    ref_pt, _ = paged_attention_ref(*single, compute_dtype=dtype)
+    for impl in CUDA_IMPLS:
+        if impl == "auto":
+            monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+        else:
+            monkeypatch.setenv("PEAGLE_ATTN_IMPL", impl)
+        for ns in (0, 1, 3, 7):
+            _check_identical(args, idx, single, ref, ref_lse, ref_pt, f"{impl} num_splits={ns}",
+                             num_splits=ns, max_query_len=q_len + 3)  # fmt: skip
+
+
+# =============================================================================================
+# X4 -- masked-softmax sentinels: very negative valid scores, fully masked rows, empty splits
+# =============================================================================================
+
+X4_SCALE = 65.5
+X4_Q0 = 2.0**-10  # q = [2^-10, 1, 1, ...]; key A = -16 everywhere, key B = A with k[0] = 0
+
+
+def very_negative_problem(gen, dtype, device, hq=8, hkv=2, d=64, block_size=16):
+    """Requests over keys whose scaled scores are about -6.6e4 (exact in fp32):
+    key A: -16 * (63 + 2^-10) * 65.5 = -66025.0234375, key B: -16 * 63 * 65.5 = -66024.
+
+    Requests (q_len, kv_len): r0 (1, 2) sees A and B; r1 (2, 2): row 0 sees A only, row 1 both;
+    r2 (4, 2): rows 0-1 see nothing (q_len > kv_len), rows 2-3 as r1; r3 (3, 0): no key at all.
+    Global rows: r0 0; r1 1-2; r2 3-6; r3 7-9.
+    V is random per request; every other cache slot (the rest of each page, unused pages) is NaN.
+    Returns the op's inputs, the fp64 weights per visible key and V per request."""
+    q_lens, kv_lens = [1, 2, 4, 3], [2, 2, 2, 0]
+    num_blocks = 6
+    perm = torch.randperm(num_blocks, generator=gen)
+    kc = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+    vc = torch.full_like(kc, float("nan"))
+    table = torch.full((4, 2), -1, dtype=torch.int32)
+    key_a = torch.full((hkv, d), -16.0)
+    key_b = key_a.clone()
+    key_b[:, 0] = 0.0
+    values = []
+    for r in range(3):
+        blk = int(perm[r])
+        table[r, 0] = blk
+        kc[blk, 0], kc[blk, 1] = key_a, key_b
+        v = torch.randn(2, hkv, d, generator=gen)
+        vc[blk, :2] = v
+        values.append(v.to(dtype).double())
+    query = torch.ones(sum(q_lens), hq, d)
+    query[:, :, 0] = X4_Q0
+    i32 = {"dtype": torch.int32, "device": device}
+    args = (
+        query.to(dtype=dtype, device=device), kc.to(dtype=dtype, device=device),
+        vc.to(dtype=dtype, device=device), table.to(device),
+        torch.tensor([0, 1, 3, 7, 10], **i32), torch.tensor(kv_lens, **i32),
+    )  # fmt: skip
+    s_a = -16.0 * (63 + X4_Q0) * X4_SCALE
+    s_b = -16.0 * 63 * X4_SCALE
+    return args, values, (s_a, s_b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_x4_two_very_negative_keys_give_exact_softmax_mean(device, gen, dtype):
+    """X4: two valid keys with scaled scores ~ -6.6e4 give softmax([s_A, s_B]) @ V (weights 0.26 /
+    0.74: a row zeroed by a finite -5e4 sentinel, or taken over by masked NaN slots, fails)."""
+    args, values, (s_a, s_b) = very_negative_problem(gen, dtype, device)
+    out, lse = _attn(*args, softmax_scale=X4_SCALE)
+    w = torch.softmax(torch.tensor([s_a, s_b], dtype=torch.float64), 0)
+    lse_ab = float(torch.logsumexp(torch.tensor([s_a, s_b], dtype=torch.float64), 0))
+    hq, hkv = args[0].shape[1], args[1].shape[2]
+    for r, row in ((0, 0), (1, 2), (2, 6)):  # rows that see both keys
+        v = values[r].repeat_interleave(hq // hkv, dim=1)  # [2, Hq, D]
+        want = w[0] * v[0] + w[1] * v[1]
+        assert (want - v[1]).abs().max() > 0.1  # both keys matter
+        torch.testing.assert_close(out[row].cpu().double(), want, rtol=1e-2, atol=1.5e-2)
+        torch.testing.assert_close(
+            lse[row].cpu().double(), torch.full((hq,), lse_ab, dtype=torch.float64),
+            rtol=0, atol=0.05,
+        )  # fmt: skip
+    # The fp64 reference agrees on every row (same inputs, NaN slots and all).
+    ref, ref_lse = paged_attention_ref(*args, softmax_scale=X4_SCALE)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-2, atol=1.5e-2)
+    torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=0, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_x4_one_valid_key_gives_its_value(device, gen, dtype):
+    """X4: a row whose only visible key scores ~ -6.6e4 returns that key's V (weight exactly 1)
+    and lse = its score."""
+    args, values, (s_a, _) = very_negative_problem(gen, dtype, device)
+    out, lse = _attn(*args, softmax_scale=X4_SCALE)
+    hq, hkv = args[0].shape[1], args[1].shape[2]
+    for r, row in ((1, 1), (2, 5)):  # row 0 of r1 and row 2 of r2 see key A only
+        want = values[r][0].repeat_interleave(hq // hkv, dim=0)
+        if device == "cpu":
+            assert torch.equal(out[row].double(), want)
+        else:
+            torch.testing.assert_close(out[row].cpu().double(), want, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(
+            lse[row].cpu().double(), torch.full((hq,), s_a, dtype=torch.float64), rtol=0, atol=0.05
+        )
+
+
+def test_x4_fully_masked_rows_give_zero_and_minus_inf_lse(device, gen):
+    """X4: rows with no visible key (q_len > kv_len, kv_len = 0) give output 0 and lse -inf, never
+    NaN, next to very negative valid rows and NaN padding slots."""
+    args, _, _ = very_negative_problem(gen, torch.bfloat16, device)
+    out, lse = _attn(*args, softmax_scale=X4_SCALE)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    empty = [3, 4, 7, 8, 9]  # r2 rows 0-1 and r3's three rows
+    assert torch.all(out[empty] == 0) and torch.all(torch.isneginf(lse[empty]))
+    assert torch.all(torch.isfinite(lse[[0, 1, 2, 5, 6]]))
+
+
+def _window_problem(gen, q_len, kv_len, window_left, hq, hkv, d, block_size, device):
+    """One K-query decode request over a long context; returns the op inputs with finite data and
+    a copy whose invisible keys (before the first row's window, past kv_len) are NaN."""
+    need = -(-kv_len // block_size)
+    num_blocks = need + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    kc = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
+    vc = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
+    table = torch.full((1, need + 1), -1, dtype=torch.int32)
+    table[0, :need] = perm[:need].to(torch.int32)
+    query = torch.randn(q_len, hq, d, generator=gen)
+    nan_k, nan_v = kc.clone(), vc.clone()
+    first_visible = max(0, kv_len - q_len - window_left)
+    for key in list(range(first_visible)) + list(range(kv_len, need * block_size)):
+        blk, off = int(table[0, key // block_size]), key % block_size
+        nan_k[blk, off] = float("nan")
+        nan_v[blk, off] = float("nan")
+    for blk in perm[need:]:
+        nan_k[blk] = float("nan")
+        nan_v[blk] = float("nan")
+    i32 = {"dtype": torch.int32, "device": device}
+    meta = (table.to(device), torch.tensor([0, q_len], **i32), torch.tensor([kv_len], **i32))
+    bf = lambda x: x.to(dtype=torch.bfloat16, device=device)
+    clean = (bf(query), bf(kc), bf(vc)) + meta
+    poisoned = (bf(query), bf(nan_k), bf(nan_v)) + meta
+    return clean, poisoned
+
+
+@pytest.mark.parametrize("num_splits", [0, 3, 8, 16, 64])
+def test_x4_split_without_visible_key_and_nan_padding_keys(device, gen, num_splits):
+    """X4: an 8-query decode over 1000 keys with a 30-key window: only the last tile holds visible
+    keys, so with several splits most splits own no visible key (their partials must merge as
+    empty, not as NaN); every invisible key and padding slot holds NaN. Output = the fp64
+    reference on the clean cache, no NaN."""
+    clean, poisoned = _window_problem(gen, 8, 1000, 30, 32, 8, 64, 16, device)
+    ref, ref_lse = paged_attention_ref(*clean, window_left=30)
+    ref_pt, _ = paged_attention_ref(*clean, window_left=30, compute_dtype=torch.bfloat16)
+    out, lse = _attn(*poisoned, window_left=30, num_splits=num_splits, max_query_len=8)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_fa3_close(out, ref, ref_pt, what=f"num_splits={num_splits}")
+    torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=0, atol=2e-4)
+
+
+def test_x4_nan_padding_keys_never_leak(device, gen):
+    """X4: NaN in every cache slot no row may see (slots past kv_len in the last page, pages of no
+    request) with causal rows q_len > kv_len next to long rows: matches the reference."""
+    clean, poisoned = _window_problem(gen, 14, 9, 10**6, 16, 4, 64, 16, device)
+    ref, ref_lse = paged_attention_ref(*clean)
+    ref_pt, _ = paged_attention_ref(*clean, compute_dtype=torch.bfloat16)
+    for ns in (0, 1, 2):
+        out, lse = _attn(*poisoned, num_splits=ns)
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+        assert_fa3_close(out, ref, ref_pt)
+        torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=0, atol=2e-4)
