@@ -19,9 +19,12 @@ from reference import philox as rph
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
 from reference.prepare_draft_inputs import prepare_draft_inputs_ref
 from reference.verify_chain import verify_chain_reference
+from tiny_models import make_drafter, make_target
 
 import peagle
 from peagle import ops
+from peagle.decode import SamplingParams, SpecDecoder
+from peagle.models import TargetRunner
 from peagle.ops import VerifyOutput
 
 CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]  # as tests/test_paged_attention.py
@@ -296,3 +299,232 @@ def test_x4_nan_padding_keys_never_leak(device, gen):
         assert not torch.isnan(out).any() and not torch.isnan(lse).any()
         assert_fa3_close(out, ref, ref_pt)
         torch.testing.assert_close(lse.cpu().double(), ref_lse, rtol=0, atol=2e-4)
+
+
+# =============================================================================================
+# X5 -- draft noise vs verification noise: disjoint streams, output distribution = p
+# =============================================================================================
+#
+# How peagle draws its randomness (python/peagle/decode/engine.py, kernels/philox.h):
+# * the decode loop drafts by argmax (``Eagle3Drafter.greedy_draft``): no draft noise at all, and
+#   verification runs with ``draft_probs=None`` (one-hot q);
+# * verify_chain draws Philox4x32-10 with key = the request's seed and counter = (offset, index,
+#   stream): stream 0 = acceptance (index = draft position), 1 = recovered token, 2 = bonus token;
+#   the loop advances each request's offset by 1 per step, so no (seed, offset) pair repeats.
+# A caller that samples drafts itself must use noise outside these streams (here: stream 3) --
+# the control test below shows what reusing the acceptance draw (the X5 bug) does.
+
+X5_V = 8
+X5_DRAFT_STREAM = 3  # not one of verify_chain's streams 0-2
+
+
+def _philox_u(seeds: np.ndarray, offset: int, index: int, stream: int) -> np.ndarray:
+    """verify_chain's uniform formula for many seeds at once (tests/reference/philox.py)."""
+    s = seeds.astype(np.uint64)
+    w0, w1, _, _ = rph.philox4x32_10(
+        (offset & 0xFFFFFFFF, offset >> 32, index, stream),
+        (s & np.uint64(0xFFFFFFFF), s >> np.uint64(32)),
+    )
+    a = (w0 >> np.uint64(5)).astype(np.float64)
+    b = (w1 >> np.uint64(6)).astype(np.float64)
+    return (a * 67108864.0 + b) / 9007199254740992.0
+
+
+def _inverse_cdf(q: torch.Tensor, u: np.ndarray) -> torch.Tensor:
+    cdf = torch.cumsum(q.double(), 0)
+    idx = torch.searchsorted(cdf, torch.from_numpy(u), right=True)
+    return torch.clamp(idx, max=q.shape[0] - 1).to(torch.int32)
+
+
+def _x5_problem(seed=5):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, X5_V, generator=g) * 1.5  # the draft row, then the bonus row
+    q = torch.softmax(torch.randn(X5_V, generator=g) * 1.5, 0)
+    p = torch.softmax(logits[0].double(), 0)
+    assert (p - q.double()).abs().sum() > 0.5  # q != p
+    return logits, q, p
+
+
+def _x5_verify(device, logits, drafts, seeds, offset, q=None):
+    """B = len(drafts) independent requests, K = 1 draft each, T = 1: the emitted tokens."""
+    n = drafts.shape[0]
+    out = VerifyOutput(
+        poison_(torch.empty(n, 2, dtype=torch.int32, device=device)),
+        poison_(torch.empty(n, dtype=torch.int32, device=device)),
+        None,
+    )
+    ops.verify_chain(
+        logits.repeat(n, 1).to(device),
+        drafts.to(device),
+        torch.arange(1, n + 1, dtype=torch.int32, device=device),
+        torch.ones(n, device=device),
+        torch.from_numpy(seeds.astype(np.int64)).to(device),
+        torch.full((n,), offset, dtype=torch.int64, device=device),
+        draft_probs=None if q is None else q.expand(n, X5_V).contiguous().to(device),
+        out=out,
+    )
+    return out.output_token_ids.cpu(), out.num_accepted.cpu()
+
+
+def _chi2_pvalue(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    from scipy.stats import chisquare
+
+    counts = torch.bincount(tokens.long(), minlength=X5_V).double()
+    p = p.double() / p.double().sum()
+    return float(chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue)
+
+
+def _x5_trials(device) -> int:
+    return 100_000 if device == "cuda" else 24_000
+
+
+def test_x5_argmax_drafts_first_token_follows_p(device):
+    """X5, the decode loop's scheme: drafts are the drafter's argmax (q one-hot, no draft noise),
+    one seed per request: the first emitted token is distributed as p (chi-square)."""
+    logits, q, p = _x5_problem()
+    n = _x5_trials(device)
+    seeds = np.arange(n, dtype=np.int64) * 7919 + 17
+    drafts = torch.full((n,), int(torch.argmax(q)), dtype=torch.int32)
+    tokens, acc = _x5_verify(device, logits, drafts, seeds, offset=3)
+    assert ((tokens[:, 0] >= 0) & (tokens[:, 0] < X5_V)).all()
+    assert 0 < int(acc.sum()) < n
+    assert _chi2_pvalue(tokens[:, 0], p) > 1e-3
+
+
+def test_x5_drafts_sampled_from_q_first_token_follows_p(device):
+    """X5: drafts sampled from q != p with noise keyed by the request's (seed, offset) on a stream
+    verify_chain does not use; with draft_probs = q the first emitted token follows p."""
+    logits, q, p = _x5_problem()
+    n = _x5_trials(device)
+    seeds = np.arange(n, dtype=np.int64) * 104729 + 5
+    offset = 11
+    drafts = _inverse_cdf(q, _philox_u(seeds, offset, 0, X5_DRAFT_STREAM))
+    assert _chi2_pvalue(drafts, q.double()) > 1e-3  # the drafts really are q-distributed
+    tokens, acc = _x5_verify(device, logits, drafts, seeds, offset, q=q)
+    assert 0 < int(acc.sum()) < n
+    assert _chi2_pvalue(tokens[:, 0], p) > 1e-3
+
+
+def test_x5_control_reused_acceptance_noise_is_detected(device):
+    """Control for the two tests above (their chi-square can fail): drafts drawn with the
+    verifier's own acceptance uniform (stream 0, index 0: the X5 bug) bias the output."""
+    logits, q, p = _x5_problem()
+    n = _x5_trials(device)
+    seeds = np.arange(n, dtype=np.int64) * 104729 + 5
+    offset = 11
+    drafts = _inverse_cdf(q, _philox_u(seeds, offset, 0, rph.STREAM_ACCEPT))
+    tokens, _ = _x5_verify(device, logits, drafts, seeds, offset, q=q)
+    assert _chi2_pvalue(tokens[:, 0], p) < 1e-6
+
+
+def test_x5_seeded_request_ignores_batch_neighbours_op(device):
+    """X5 / A9 at the op: a seeded random request's output depends only on its seed and offset,
+    not on its batch position or on neighbours (other K, greedy, other logits, padding)."""
+    logits, q, _ = _x5_problem()
+    n = 64
+    seeds = np.arange(n, dtype=np.int64) * 31 + 1
+    drafts = _inverse_cdf(q, _philox_u(seeds, 2, 0, X5_DRAFT_STREAM))
+    alone, acc_alone = _x5_verify(device, logits, drafts, seeds, 2, q=q)
+    # The same requests, reversed, each followed by a neighbour with 3 drafts and other logits.
+    g = torch.Generator().manual_seed(6)
+    rows, dr, cu, temps, sd, qs, real = [], [], [], [], [], [], []
+    total = 0
+    for i in reversed(range(n)):
+        rows += [logits]
+        dr.append(int(drafts[i]))
+        qs.append(q.view(1, -1))
+        total += 1
+        cu.append(total)
+        temps.append(1.0)
+        sd.append(int(seeds[i]))
+        real.append(True)
+        k = 3
+        rows.append(torch.randn(k + 1, X5_V, generator=g) * 3)
+        dr += torch.randint(0, X5_V, (k,), generator=g).tolist()
+        qs.append(torch.softmax(torch.randn(k, X5_V, generator=g), 1))
+        total += k
+        cu.append(total)
+        temps.append([0.0, 0.7][i % 2])
+        sd.append(int(seeds[(i + 1) % n]))
+        real.append(i % 5 != 0)  # some neighbours are padding requests
+    b = len(cu)
+    out = VerifyOutput(
+        poison_(torch.empty(b, 4, dtype=torch.int32, device=device)),
+        poison_(torch.empty(b, dtype=torch.int32, device=device)),
+        None,
+    )
+    ops.verify_chain(
+        torch.cat(rows).to(device),
+        torch.tensor(dr, dtype=torch.int32, device=device),
+        torch.tensor(cu, dtype=torch.int32, device=device),
+        torch.tensor(temps, device=device),
+        torch.tensor(sd, dtype=torch.int64, device=device),
+        torch.full((b,), 2, dtype=torch.int64, device=device),
+        draft_probs=torch.cat(qs).to(device),
+        request_mask=torch.tensor(real, device=device),
+        out=out,
+    )
+    mixed = out.output_token_ids.cpu()[0::2, :2].flip(0)
+    assert torch.equal(mixed, alone)
+    assert torch.equal(out.num_accepted.cpu()[0::2].flip(0), acc_alone)
+
+
+# ---- X5 through the decode loop (CPU float32 tiny models: bit-exact across batch shapes) ------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, g = make_target("llama")
+    return model, g, TargetRunner(model)
+
+
+def _engine(tiny, k=3, cls=None, **kw):
+    model, g, runner = tiny
+    kw.setdefault("block_size", 4)
+    return (cls or SpecDecoder)(
+        runner, make_drafter(model, g), method="peagle", num_speculative_tokens=k, **kw
+    )
+
+
+@pytest.mark.parametrize("cuda_graphs", ["off", "emulate"])
+def test_x5_decode_loop_seeded_request_ignores_neighbours(tiny, cuda_graphs):
+    """X5: a seeded T = 1 request gives the same tokens alone, with other neighbours (seeded,
+    unseeded, greedy, other K) and at another batch index; the engine never reuses a (seed,
+    offset) pair of a request (so acceptance / recovered / bonus draws never repeat)."""
+    mine = SamplingParams(max_new_tokens=14, temperature=1.0, seed=4242)
+    prompt = [42, 17, 8, 90, 33]
+    eng = _engine(tiny, cuda_graphs=cuda_graphs, max_num_seqs=4)
+    pairs: list[tuple[int, int]] = []
+    real_verify = ops.verify_chain
+
+    def spy(logits, drafts, cu, temp, seeds, offsets, **kw):
+        mask = kw.get("request_mask")
+        live = [i for i in range(seeds.shape[0]) if mask is None or bool(mask[i])]
+        for i in live:
+            if int(seeds[i]) == mine.seed:
+                pairs.append((int(seeds[i]), int(offsets[i])))
+        return real_verify(logits, drafts, cu, temp, seeds, offsets, **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ops, "verify_chain", spy)
+    try:
+        alone = eng.generate([prompt], mine)[0].token_ids
+        assert len(pairs) == len(set(pairs)) > 3
+        neighbour_sets = [
+            [([5], SamplingParams(max_new_tokens=9, temperature=1.0, seed=7)),
+             ([9, 9, 4], SamplingParams(max_new_tokens=20, temperature=0.8))],
+            [([11, 3, 60], SamplingParams(max_new_tokens=5)),
+             ([2, 13], SamplingParams(max_new_tokens=16, temperature=1.0, seed=4243,
+                                      num_speculative_tokens=1)),
+             ([70, 1, 1, 6], SamplingParams(max_new_tokens=3, temperature=1.3, top_k=5))],
+        ]  # fmt: skip
+        for neighbours in neighbour_sets:
+            for pos in (0, len(neighbours)):
+                batch = neighbours[:pos] + [(prompt, mine)] + neighbours[pos:]
+                pairs.clear()
+                outs = eng.generate([b[0] for b in batch], [b[1] for b in batch])
+                assert outs[pos].token_ids == alone, (pos, neighbours)
+                assert len(pairs) == len(set(pairs))
+    finally:
+        mp.undo()
+    assert eng.allocator.num_allocated == 0
