@@ -528,3 +528,100 @@ def test_x5_decode_loop_seeded_request_ignores_neighbours(tiny, cuda_graphs):
     finally:
         mp.undo()
     assert eng.allocator.num_allocated == 0
+
+
+# =============================================================================================
+# X9 -- an EOS accepted inside the block stops there; statistics count emitted tokens only
+# =============================================================================================
+
+X9_PROMPT = [11, 3, 60]  # its greedy continuation starts with 9 distinct tokens
+
+
+class OracleDecoder(SpecDecoder):
+    """Drafts = the target's greedy continuation (from transformers), so every draft is accepted
+    and a whole block [d_1 .. d_K, bonus] would be committed."""
+
+    continuation: list[int] = []
+
+    def _draft(self, batch, out_tokens, aux, drafting):
+        super()._draft(batch, out_tokens, aux, drafting)
+        drafts = self._last_drafts.clone()
+        k = self.num_spec_tokens
+        for i, r in enumerate(batch.reqs):
+            if drafting[i]:
+                n = len(r.output_token_ids)
+                nxt = (self.continuation[n : n + k] + [0] * k)[:k]
+                drafts[i] = torch.tensor(nxt, dtype=drafts.dtype)
+        self._last_drafts = drafts
+
+
+@pytest.fixture(scope="module")
+def x9_ref(tiny):
+    from test_decode import hf_greedy  # margins checked: the target's argmax is unambiguous
+
+    ref = hf_greedy(tiny[0], X9_PROMPT, 30)
+    assert len(set(ref[:9])) == 9
+    return ref
+
+
+def _oracle(tiny, ref, k, **kw):
+    eng = _engine(tiny, k, cls=OracleDecoder, **kw)
+    eng.continuation = ref
+    return eng
+
+
+def _check_stats(out, k, emitted_in_block):
+    """Prefill step (no drafts) + one speculative step of k drafts, of which only
+    ``emitted_in_block`` were emitted before the stop."""
+    st = out.stats
+    assert st.num_steps == 2 and st.num_spec_steps == 1
+    assert st.num_draft_tokens == k
+    assert st.num_accepted_tokens == emitted_in_block
+    assert st.acceptance_length == 1.0 + emitted_in_block
+    assert st.per_position_acceptance == [1.0] * emitted_in_block + [0.0] * (k - emitted_in_block)
+    assert st.num_generated_tokens == len(out.token_ids)
+
+
+@pytest.mark.parametrize("cuda_graphs", ["off", "emulate"])
+def test_x9_eos_inside_accepted_block_stops_there(tiny, x9_ref, cuda_graphs):
+    """X9: drafts [a, EOS, b] all equal to the target's argmax (the round would commit
+    [a, EOS, b, bonus]): the output ends at [a, EOS], finish reason "stop", nothing after EOS is
+    returned (on_finish sees the same), statistics count the 2 emitted drafts, not 3."""
+    ref = x9_ref
+    eos = ref[2]  # block of step 1: drafts ref[1], ref[2], ref[3], bonus ref[4]
+    eng = _oracle(tiny, ref, 3, eos_token_ids=[eos], cuda_graphs=cuda_graphs)
+    seen = []
+    out = eng.generate([X9_PROMPT], SamplingParams(max_new_tokens=20), on_finish=seen.append)[0]
+    assert out.token_ids == ref[:3] and out.token_ids[-1] == eos
+    assert out.finish_reason == "stop"
+    assert seen[0].token_ids == ref[:3]
+    _check_stats(out, 3, 2)
+    assert not eng.running and eng.allocator.num_allocated == 0
+
+
+@pytest.mark.parametrize("j", range(8))
+def test_x9_eos_at_every_position_of_a_k7_block(tiny, x9_ref, j):
+    """X9: EOS at draft position j of a fully accepted K = 7 block (j = 7: the bonus token): the
+    output is the prefix up to EOS, accepted statistics = drafts emitted (min(j + 1, 7))."""
+    ref = x9_ref
+    eos = ref[1 + j]
+    eng = _oracle(tiny, ref, 7, eos_token_ids=[eos])
+    out = eng.generate([X9_PROMPT], SamplingParams(max_new_tokens=25))[0]
+    assert out.token_ids == ref[: 2 + j] and out.finish_reason == "stop"
+    _check_stats(out, 7, min(j + 1, 7))
+
+
+def test_x9_stop_token_id_list(tiny, x9_ref):
+    """X9: a stop id list: the first listed id emitted ends the request (here the later-listed
+    one comes first in the block); ignore_eos drops only the engine's EOS ids."""
+    ref = x9_ref
+    eng = _oracle(tiny, ref, 7, eos_token_ids=[ref[2]])
+    params = SamplingParams(max_new_tokens=25, stop_token_ids=[ref[6], ref[4]], ignore_eos=True)
+    out = eng.generate([X9_PROMPT], params)[0]
+    assert out.token_ids == ref[:5] and out.finish_reason == "stop"
+    _check_stats(out, 7, 4)
+    out = eng.generate([X9_PROMPT], SamplingParams(max_new_tokens=25))[0]
+    assert out.token_ids == ref[:3] and out.finish_reason == "stop"  # engine EOS ref[2]
+    out = eng.generate([X9_PROMPT], SamplingParams(max_new_tokens=17, ignore_eos=True))[0]
+    assert out.token_ids == ref[:17] and out.finish_reason == "length"
+    assert out.stats.num_accepted_tokens == 14  # 2 full blocks of 7 drafts (17 = 1 + 8 + 8)
