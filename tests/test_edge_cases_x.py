@@ -8,8 +8,6 @@ CUDA sweeps are marked ``requires_cuda``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -18,7 +16,6 @@ from prep_inputs import make_batch
 from reference import philox as rph
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
 from reference.prepare_draft_inputs import prepare_draft_inputs_ref
-from reference.verify_chain import verify_chain_reference
 from tiny_models import make_drafter, make_target
 
 import peagle
@@ -625,3 +622,292 @@ def test_x9_stop_token_id_list(tiny, x9_ref):
     out = eng.generate([X9_PROMPT], SamplingParams(max_new_tokens=17, ignore_eos=True))[0]
     assert out.token_ids == ref[:17] and out.finish_reason == "length"
     assert out.stats.num_accepted_tokens == 14  # 2 full blocks of 7 drafts (17 = 1 + 8 + 8)
+
+
+# =============================================================================================
+# X10 -- graph padding: B_real < B_graph, B_real = 0, B_real = B; padding ids never indices
+# =============================================================================================
+#
+# peagle never derives a "real row count" from the data: a padding request is explicit
+# (seq_len 0 for prepare_draft_inputs / paged_attention, request_mask False for verify_chain,
+# slot -1 for write_kv_cache). The tests fill every field of the padding requests with sentinels
+# (-1 ids, -1 block-table rows, -1 slots, NaN hidden rows / logits / K / V, garbage positions and
+# sampling parameters) and check that the real requests are bit-identical to an unpadded run.
+
+X10_B_GRAPH = 4
+X10_K = 3
+
+
+def _pad_draft_batch(batch, b_graph, k):
+    """Append graph-padding requests to a draft-step batch: K + 1 rows each in the uniform
+    layout, all sentinel values."""
+    b = batch.query_start_loc.shape[0] - 1
+    n_pad = b_graph - b
+    rows = n_pad * (k + 1)
+    i32 = torch.int32
+    batch.target_token_ids = torch.cat([batch.target_token_ids, torch.full((rows,), -1, dtype=i32)])
+    batch.target_positions = torch.cat(
+        [batch.target_positions, torch.full((rows,), 2**40, dtype=torch.int64)]
+    )
+    last = int(batch.query_start_loc[-1])
+    extra = last + (k + 1) * torch.arange(1, n_pad + 1, dtype=i32)
+    batch.query_start_loc = torch.cat([batch.query_start_loc, extra])
+    batch.seq_lens = torch.cat([batch.seq_lens, torch.zeros(n_pad, dtype=i32)])
+    batch.sampled_token_ids = torch.cat(
+        [batch.sampled_token_ids, torch.full((n_pad, k + 1), -1, dtype=i32)]
+    )
+    batch.discard_request_mask = torch.cat(
+        [batch.discard_request_mask, torch.zeros(n_pad, dtype=torch.bool)]
+    )
+    batch.backup_next_token_ids = torch.cat(
+        [batch.backup_next_token_ids, torch.full((n_pad,), -1, dtype=i32)]
+    )
+    cu_last = int(batch.cu_num_draft_tokens[-1]) if b else 0
+    batch.cu_num_draft_tokens = torch.cat(
+        [batch.cu_num_draft_tokens, cu_last + k * torch.arange(1, n_pad + 1, dtype=i32)]
+    )
+    width = batch.block_table.shape[1]
+    batch.block_table = torch.cat([batch.block_table, torch.full((n_pad, width), -1, dtype=i32)])
+    if batch.target_hidden_states is not None:
+        h = batch.target_hidden_states
+        batch.target_hidden_states = torch.cat([h, torch.full((rows, h.shape[1]), float("nan"))])
+    return batch
+
+
+def _real_batch(b_real, k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    if b_real:
+        return make_batch(gen, b_real, k, padding_frac=0.0, prefill_frac=0.0)
+    base = make_batch(gen, 1, k, padding_frac=0.0, prefill_frac=0.0)
+    for name in ("query_start_loc",):
+        setattr(base, name, base.query_start_loc[:1])
+    base.target_token_ids = base.target_token_ids[:0]
+    base.target_positions = base.target_positions[:0]
+    base.target_hidden_states = base.target_hidden_states[:0]
+    for name in ("seq_lens", "sampled_token_ids", "discard_request_mask",
+                 "backup_next_token_ids", "cu_num_draft_tokens", "block_table"):  # fmt: skip
+        setattr(base, name, getattr(base, name)[:0])
+    return base
+
+
+def _prep(batch, device):
+    from test_prepare_draft_inputs import run_op as prep_run
+
+    return prep_run(batch, device)
+
+
+@pytest.mark.parametrize("b_real", [0, 1, 3, 4])
+def test_x10_prepare_draft_inputs_graph_padding(device, b_real):
+    """X10 / META: B_real real requests padded to B_graph = 4 (B_real = 4: no padding, 0: all
+    padding): real outputs are bit-identical to the unpadded run, padding rows are inert (id 0,
+    position 0, slot -1, rejected, not masked; sample indices at their own first row; seq_len 0),
+    sentinel ids / positions / NaN hidden rows of padding requests never reach a real row."""
+    from test_prepare_draft_inputs import assert_matches_ref
+
+    real = _real_batch(b_real, X10_K, 100 + b_real)
+    want = _prep(real, device) if b_real else None
+    padded = _pad_draft_batch(_real_batch(b_real, X10_K, 100 + b_real), X10_B_GRAPH, X10_K)
+    got = _prep(padded, device)
+    assert_matches_ref(got, prepare_draft_inputs_ref(*padded.positional(), **padded.kwargs()))
+    n = X10_K - 1
+    t_real = int(real.query_start_loc[-1]) + b_real * n
+    if want is not None:
+        for name in ("input_ids", "positions", "is_rejected", "is_masked", "slot_mapping"):
+            assert torch.equal(getattr(got, name)[:t_real], getattr(want, name)), name
+        for name in ("token_indices_to_sample", "seq_lens", "next_token_ids",
+                     "valid_sampled_tokens_count"):  # fmt: skip
+            g = getattr(got, name)[: getattr(want, name).shape[0]]
+            assert torch.equal(g, getattr(want, name)), name
+        assert torch.equal(got.query_start_loc[: b_real + 1], want.query_start_loc)
+        h = want.hidden_states
+        ref = prepare_draft_inputs_ref(*real.positional(), **real.kwargs())
+        d = ref["hidden_defined"]
+        assert torch.equal(got.hidden_states[:t_real][d].cpu(), h[d].cpu())
+    pad = slice(t_real, got.input_ids.shape[0])
+    assert (got.input_ids[pad] == 0).all() and (got.positions[pad] == 0).all()
+    assert (got.slot_mapping[pad] == -1).all() and got.is_rejected[pad].all()
+    assert not got.is_masked[pad].any()
+    assert (got.seq_lens[b_real:] == 0).all() and (
+        got.valid_sampled_tokens_count[b_real:] == 0
+    ).all()
+    qsl = got.query_start_loc.cpu()
+    for r in range(b_real, X10_B_GRAPH):
+        assert (got.token_indices_to_sample[r * X10_K : (r + 1) * X10_K].cpu() == qsl[r]).all()
+
+
+def test_x10_prepare_draft_inputs_truly_empty_batch(device):
+    """X10: B = 0 (a truly empty batch) is valid: empty outputs, query_start_loc' = [0]."""
+    got = _prep(_real_batch(0, X10_K, 7), device)
+    assert got.input_ids.numel() == 0 and got.token_indices_to_sample.numel() == 0
+    assert got.query_start_loc.tolist() == [0]
+
+
+@pytest.mark.parametrize("b_real", [0, 2, 4])
+def test_x10_write_kv_cache_skips_padding_slots(device, b_real):
+    """X10: rows with slot -1 (padding requests, NaN K/V) write nothing; the cache outside the
+    real rows' slots is bit-identical to before."""
+    gen = torch.Generator().manual_seed(200 + b_real)
+    rows_per_req, hkv, d, bs, num_blocks = X10_K + 1, 2, 64, 8, 12
+    t = X10_B_GRAPH * rows_per_req
+    t_real = b_real * rows_per_req
+    slots = torch.full((t,), -1, dtype=torch.int64)
+    slots[:t_real] = torch.randperm(num_blocks * bs, generator=gen)[:t_real]
+    key = torch.randn(t, hkv, d, generator=gen)
+    value = torch.randn(t, hkv, d, generator=gen)
+    key[t_real:] = float("nan")
+    value[t_real:] = float("nan")
+    kc = torch.randn(num_blocks, bs, hkv, d, generator=gen)
+    vc = torch.randn(num_blocks, bs, hkv, d, generator=gen)
+    want_k, want_v = kc.clone().view(-1, hkv, d), vc.clone().view(-1, hkv, d)
+    want_k[slots[:t_real]] = key[:t_real]
+    want_v[slots[:t_real]] = value[:t_real]
+    kc_d, vc_d = kc.to(device), vc.to(device)
+    ops.write_kv_cache(key.to(device), value.to(device), kc_d, vc_d, slots.to(device))
+    assert torch.equal(kc_d.cpu().view(-1, hkv, d), want_k)
+    assert torch.equal(vc_d.cpu().view(-1, hkv, d), want_v)
+
+
+@pytest.mark.parametrize("b_real", [0, 2, 4])
+def test_x10_verify_chain_ignores_padding_requests(device, b_real):
+    """X10 / VER: padding requests (request_mask False) with -1 drafts, NaN logits and garbage
+    sampling parameters emit nothing (all -1, 0 accepted); the real requests equal the unpadded
+    run and the reference."""
+    from test_verify_chain import assert_matches, make_case, reference
+    from test_verify_chain import run_op as verify_run
+
+    gen = torch.Generator().manual_seed(300 + b_real)
+    counts = [X10_K] * X10_B_GRAPH
+    temps = [0.0, 0.8, 1.0, 0.0][:X10_B_GRAPH]
+    case = make_case(counts, 50, gen, temps=temps)
+    n_pad = X10_B_GRAPH - b_real
+    rows_real = b_real * (X10_K + 1)
+    case["request_mask"] = torch.tensor([True] * b_real + [False] * n_pad)
+    case["target_logits"][rows_real:] = float("nan")
+    case["draft_token_ids"][b_real * X10_K :] = -1
+    case["temperature"][b_real:] = float("nan")
+    case["top_k"] = torch.tensor([0] * b_real + [-3] * n_pad, dtype=torch.int32)
+    case["top_p"] = torch.tensor([1.0] * b_real + [7.0] * n_pad)
+    got = verify_run(case, device)
+    assert_matches(got, reference(case), case)
+    assert (got.output_token_ids[b_real:] == -1).all() and (got.num_accepted[b_real:] == 0).all()
+    if b_real:
+        real = make_case(counts[:b_real], 50, torch.Generator().manual_seed(300 + b_real))
+        for name in ("target_logits", "draft_token_ids"):
+            real[name] = case[name][: rows_real if name == "target_logits" else b_real * X10_K]
+        for name in ("temperature", "seeds", "offsets", "top_k", "top_p"):
+            real[name] = case[name][:b_real]
+        alone = verify_run(real, device)
+        assert torch.equal(alone.output_token_ids, got.output_token_ids[:b_real])
+        assert torch.equal(alone.num_accepted, got.num_accepted[:b_real])
+
+
+@pytest.mark.parametrize("b_real", [0, 1, 3, 4])
+def test_x10_paged_attention_padding_requests(device, b_real):
+    """X10 / ATTN: drafter-batch layout (2K rows per request) padded to B_graph with seq_len 0
+    requests whose query rows are NaN and block-table rows -1: padding rows give 0 / lse -inf,
+    the real rows equal the unpadded run bitwise (explicit split count) and the reference."""
+    gen = torch.Generator().manual_seed(400 + b_real)
+    rows, hq, hkv, d, bs = 2 * X10_K, 8, 2, 64, 16
+    kv = torch.randint(rows, 300, (X10_B_GRAPH,), generator=gen).tolist()
+    kv_lens = kv[:b_real] + [0] * (X10_B_GRAPH - b_real)
+    need = [-(-x // bs) for x in kv_lens]
+    width = max(need + [1]) + 1
+    num_blocks = sum(need) + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.full((X10_B_GRAPH, width), -1, dtype=torch.int32)
+    nxt = 0
+    for r, n in enumerate(need):
+        table[r, :n] = perm[nxt : nxt + n].to(torch.int32)
+        nxt += n
+    bf = lambda x: x.to(dtype=torch.bfloat16, device=device)
+    kc = bf(torch.randn(num_blocks, bs, hkv, d, generator=gen))
+    vc = bf(torch.randn(num_blocks, bs, hkv, d, generator=gen))
+    query = torch.randn(X10_B_GRAPH * rows, hq, d, generator=gen)
+    query[b_real * rows :] = float("nan")
+    i32 = {"dtype": torch.int32, "device": device}
+    qsl = torch.arange(X10_B_GRAPH + 1, **i32) * rows
+    args = (bf(query), kc, vc, table.to(device), qsl, torch.tensor(kv_lens, **i32))
+    out, lse = _attn(*args, num_splits=2, max_query_len=rows)
+    t_real = b_real * rows
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert (out[t_real:] == 0).all() and torch.isneginf(lse[t_real:]).all()
+    if b_real:
+        alone = (args[0][:t_real], kc, vc, args[3][:b_real], qsl[: b_real + 1], args[5][:b_real])
+        out1, lse1 = _attn(*alone, num_splits=2, max_query_len=rows)
+        assert torch.equal(out1, out[:t_real]) and torch.equal(lse1, lse[:t_real])
+        ref, _ = paged_attention_ref(*alone)
+        ref_pt, _ = paged_attention_ref(*alone, compute_dtype=torch.bfloat16)
+        assert_fa3_close(out1, ref, ref_pt)
+
+
+# ---- X10 through the decode loop's CUDA-graph layout (run eagerly: cuda_graphs="emulate") -----
+
+
+@pytest.mark.parametrize("n_real", [1, 3, 4])
+def test_x10_decode_loop_graph_padding_never_indexes_with_padding(tiny, n_real, monkeypatch):
+    """X10: n_real requests padded to the graph batch (capture sizes 1, 2, 4: n_real 3 runs as 4;
+    n_real 1 and 4: B_real = B):
+    verify_chain sees exactly n_real True entries of request_mask; no token id outside [0, V)
+    reaches the target or the drafter; every KV write lands in a block a live request holds (never
+    the null block); the outputs equal the eager (unpadded) loop's."""
+    model, g, runner = tiny
+    prompts = [[5, 6], [11, 3, 60], [42, 17, 8, 90, 33], [9, 4, 66, 2]][:n_real]
+    params = SamplingParams(max_new_tokens=12)
+    eager = _engine(tiny, X10_K, max_num_seqs=4).generate(prompts, params)
+    eng = _engine(tiny, X10_K, max_num_seqs=4, cuda_graphs="emulate")
+    seen = {"graph_steps": 0}
+    real_verify, real_write = ops.verify_chain, ops.write_kv_cache
+
+    def verify_spy(logits, drafts, cu, temp, seeds, offsets, **kw):
+        mask = kw.get("request_mask")
+        if mask is not None:  # the graph layout
+            seen["graph_steps"] += 1
+            b = len(eng.running)
+            assert mask.shape[0] == eng.graphs._pad_size(b) and int(mask.sum()) == b
+            assert mask[: len(eng.running)].all()
+        return real_verify(logits, drafts, cu, temp, seeds, offsets, **kw)
+
+    def write_spy(key, value, key_cache, value_cache, slot_mapping):
+        held = {b for r in eng.running for b in r.blocks}
+        blocks = {int(s) // eng.block_size for s in slot_mapping.tolist() if s >= 0}
+        assert 0 not in blocks and blocks <= held, blocks - held
+        assert (slot_mapping >= -1).all()
+        real_write(key, value, key_cache, value_cache, slot_mapping)
+
+    def ids_spy(fn):
+        def wrapped(input_ids, *a, **kw):
+            assert ((input_ids >= 0) & (input_ids < runner.vocab_size)).all(), input_ids
+            return fn(input_ids, *a, **kw)
+
+        return wrapped
+
+    monkeypatch.setattr(ops, "verify_chain", verify_spy)
+    monkeypatch.setattr(ops, "write_kv_cache", write_spy)
+    monkeypatch.setattr(eng.target, "forward", ids_spy(eng.target.forward))
+    monkeypatch.setattr(eng.drafter, "forward", ids_spy(eng.drafter.forward))
+    outs = eng.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager]
+    assert seen["graph_steps"] > 0 and eng.graphs._pad_size(n_real) in eng.graphs.graphs
+    assert eng.allocator.num_allocated == 0
+
+
+def test_x10_decode_loop_all_padding_graph_batch_is_inert(tiny):
+    """X10, B_real = 0: the graph step run on a batch of padding requests only (the state graphs
+    are captured in) emits nothing (-1, 0 accepted) and leaves both KV caches bit-identical
+    (filled with random data first, so any write shows)."""
+    eng = _engine(tiny, X10_K, max_num_seqs=4, cuda_graphs="emulate")
+    eng.generate([[5, 6, 7]], SamplingParams(max_new_tokens=6))
+    gen = torch.Generator().manual_seed(500)
+    for cache in (eng.target_kv, eng.drafter_kv):
+        cache.storage.copy_(torch.randn(cache.storage.shape, generator=gen))
+    before = [eng.target_kv.storage.clone(), eng.drafter_kv.storage.clone()]
+    eng.graphs._get(4)  # fills the static buffers with 4 padding requests
+    view = eng.graphs._view(4)
+    assert not view.request_mask.any() and (view.seq_lens == 0).all()
+    with torch.inference_mode():
+        out, acc, aux = eng.target_and_verify_eager(view, X10_K)
+        drafts = eng.draft_eager(view, out, aux)
+    assert (out == -1).all() and (acc == 0).all()
+    assert drafts.shape == (4, X10_K)
+    assert torch.equal(eng.target_kv.storage, before[0])
+    assert torch.equal(eng.drafter_kv.storage, before[1])
