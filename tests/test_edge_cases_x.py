@@ -121,6 +121,7 @@ def test_x1_identical_requests_give_identical_rows(device, gen, heads, q_len):
 
 
 @requires_cuda
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", X1_HEADS, ids=lambda h: "x".join(map(str, h)))
 @pytest.mark.parametrize("q_len", list(range(2, 17)))

@@ -453,7 +453,10 @@ def paged_attention(
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
-        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks); masked
+        keys are excluded, never given a finite sentinel score, so very negative valid scores
+        stay exact (SPEC §5, EDGE_CASES X4), and identical requests give bit-identical rows at
+        any batch index (X1). Rows
         outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
         ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
         at once.
@@ -564,8 +567,10 @@ def verify_chain(
     (recovered) and 2 (bonus): one draw at index 0, same formula. A request's draws depend only on
     its own seed, offset and draft count; requests with 0 drafts use no acceptance draws. The op
     never modifies ``seeds`` / ``offsets``: **advance each request's offset by 1 per step** (never
-    reuse a (seed, offset) pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms``
-    to inject the acceptance draws.
+    reuse a (seed, offset) pair). A caller that samples drafts itself must draw that noise outside
+    streams 0-2 of the same (seed, offset) (EDGE_CASES X5: reusing the acceptance draw biases the
+    output toward q). Not bit-compatible with vLLM's torch generators; pass ``uniforms`` to inject
+    the acceptance draws.
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
     the normaliser or of a sampled token's cumulative weight flips a comparison (SPEC §0.1: <= 0.1%
