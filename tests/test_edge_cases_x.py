@@ -676,17 +676,15 @@ def _pad_draft_batch(batch, b_graph, k):
 
 
 def _real_batch(b_real, k, seed):
+    """b_real random decode requests (0..K rejected drafts); b_real = 0: the empty batch."""
     gen = torch.Generator().manual_seed(seed)
     if b_real:
         return make_batch(gen, b_real, k, padding_frac=0.0, prefill_frac=0.0)
     base = make_batch(gen, 1, k, padding_frac=0.0, prefill_frac=0.0)
-    for name in ("query_start_loc",):
-        setattr(base, name, base.query_start_loc[:1])
-    base.target_token_ids = base.target_token_ids[:0]
-    base.target_positions = base.target_positions[:0]
-    base.target_hidden_states = base.target_hidden_states[:0]
-    for name in ("seq_lens", "sampled_token_ids", "discard_request_mask",
-                 "backup_next_token_ids", "cu_num_draft_tokens", "block_table"):  # fmt: skip
+    base.query_start_loc = base.query_start_loc[:1]
+    for name in ("target_token_ids", "target_positions", "target_hidden_states", "seq_lens",
+                 "sampled_token_ids", "discard_request_mask", "backup_next_token_ids",
+                 "cu_num_draft_tokens", "block_table"):  # fmt: skip
         setattr(base, name, getattr(base, name)[:0])
     return base
 
