@@ -161,7 +161,11 @@ def prepare_draft_inputs(
         discard_request_mask: ``[B]`` bool, requests whose sample is discarded (partial prefill).
         backup_next_token_ids: ``[B]`` int32 next token for discarded / all-invalid rows.
         cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of the drafts verified per request.
-        block_table: ``[B, max_blocks]`` int32 drafter KV block table.
+        block_table: ``[B, max_blocks]`` int32 drafter KV block table. Only the columns of rows
+            that write KV are read (not rejected, position ``< max_model_len``, real request);
+            the rest may hold anything (e.g. -1). A negative id in a needed column (SPEC §3.5):
+            the CPU op raises; the CUDA kernel (no host sync) gives those rows slot
+            ``PADDING_SLOT_ID``, so they write no KV, and leaves every other output unchanged.
         num_padding_slots_per_request: ``S`` (P-EAGLE and PARD: K; serial draft model: 1).
         mask_token_id: the mask token (``ptd_token_id`` / ``pard_token``) for the S-1 MTP slots.
         block_size: KV-cache block size (tokens per block) of the drafter's cache.
@@ -182,7 +186,9 @@ def prepare_draft_inputs(
     Raises:
         RuntimeError: on a wrong shape, dtype or device (naming the argument), and from the CPU
             kernel on inconsistent values (non-monotone ``query_start_loc``, more rejected rows
-            than the request has, block table too narrow for a position, invalid backup token).
+            than the request has, block table too narrow for a position or a negative block id
+            in a needed column, invalid backup token). The CUDA kernel clamps instead (slot -1
+            for a missing block; ``PEAGLE_DEBUG_CHECKS=1`` runs the CPU checks first).
     """
     b = query_start_loc.shape[0] - 1
     if out is None:
@@ -447,7 +453,10 @@ def paged_attention(
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
-        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks); masked
+        keys are excluded, never given a finite sentinel score, so very negative valid scores
+        stay exact (SPEC §5, EDGE_CASES X4), and identical requests give bit-identical rows at
+        any batch index (X1). Rows
         outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
         ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
         at once.
@@ -520,6 +529,12 @@ def verify_chain(
     Greedy requests (``temperature == 0``) accept draft ``j`` iff it equals the first-index argmax
     of row ``j``'s logits; the first mismatch emits that argmax; if all are accepted the bonus
     row's argmax is emitted. They are never divided by the temperature; top-k/top-p do not apply.
+    NaN logits count as -inf; a row with no logit above -inf (e.g. all NaN) has argmax 0.
+
+    Non-finite logits (SPEC §6.7, both modes): a row whose maximum is +inf is one-hot at its
+    **first** +inf index ``f`` (not an even split over several +inf ids): a draft ``f`` is accepted
+    (random rows: iff ``q(f) > 0`` and ``u <= 1 / q(f)``), any other draft is rejected and ``f``
+    is emitted, a bonus row emits ``f``.
 
     Random requests use scores ``s = logit * (1.0f / T)`` (float32; NaN counts as -inf).
     Top-k (``k = top_k[r]``, off if 0 or >= V) keeps ``s >= `` the k-th largest score (ties at the
@@ -552,8 +567,10 @@ def verify_chain(
     (recovered) and 2 (bonus): one draw at index 0, same formula. A request's draws depend only on
     its own seed, offset and draft count; requests with 0 drafts use no acceptance draws. The op
     never modifies ``seeds`` / ``offsets``: **advance each request's offset by 1 per step** (never
-    reuse a (seed, offset) pair). Not bit-compatible with vLLM's torch generators; pass ``uniforms``
-    to inject the acceptance draws.
+    reuse a (seed, offset) pair). A caller that samples drafts itself must draw that noise outside
+    streams 0-2 of the same (seed, offset) (EDGE_CASES X5: reusing the acceptance draw biases the
+    output toward q). Not bit-compatible with vLLM's torch generators; pass ``uniforms`` to inject
+    the acceptance draws.
 
     CPU and CUDA agree exactly on greedy rows and on random rows except where float rounding of
     the normaliser or of a sampled token's cumulative weight flips a comparison (SPEC §0.1: <= 0.1%

@@ -6,7 +6,8 @@
 // [cu[r-1] + r, cu[r] + r]: its n_r draft rows, then its bonus row (R = T + B rows in all).
 //
 // Greedy requests (temperature == 0; on the device anything not > 0): accept draft j iff it equals
-// the first-index argmax of row j's logits; the first mismatch emits that argmax; if all are
+// the first-index argmax of row j's logits (NaN logits count as -inf; a row with no logit above
+// -inf, e.g. all NaN, has argmax 0; several +inf: the first one); the first mismatch emits that argmax; if all are
 // accepted the argmax of the bonus row is emitted. Never divided by a temperature; top-k/top-p
 // do not apply.
 //
@@ -32,6 +33,11 @@
 //   greedy ones the first-index argmax of the bonus row. Argmax ties go to the lowest index;
 //   -inf and NaN scores have weight 0; with no weight at all the first-index argmax of s is used
 //   (index 0 if no score is finite). Sampled results are always in [0, V).
+//   +inf scores (SPEC §6.7): a row whose maximum score is +inf is one-hot at its first +inf
+//   index f, whatever the other scores: a draft is accepted iff it is f (and q(f) > 0, u <= 1/q),
+//   the recovered and bonus tokens are f (not an even split over the +inf tokens, which would be
+//   the tempered limit: +inf logits are overflow or bugs, not a distribution, and the first index
+//   is the greedy tie rule, deterministic and drawless).
 //
 // Rounding (the only CPU/CUDA differences; greedy rows are exact): the CPU op sums the weights
 // e_v = expf(s_v - m) in fp64. The CUDA kernels sum 2^(s_v log2 e - m log2 e) (one FFMA + one
@@ -167,6 +173,15 @@ PEAGLE_HD bool top_k_active(int32_t k, int32_t vocab) {
 }
 PEAGLE_HD bool top_p_active(float p) {
   return !(p >= 1.0f);
+}
+
+// Target probability p(x) of an in-range draft x in the kept set, for the acceptance test:
+// e_x / Z, except that a row whose maximum score m is +inf is one-hot at its first +inf index
+// `first_max` (p = 1 there, 0 elsewhere; e_v = exp(s_v - m) would be NaN for every +inf score).
+// This matches the sampled tokens, which fall back to `first_max` when no weight is finite.
+PEAGLE_HD double kept_target_prob(float s_x, float m, double z, int32_t x, int32_t first_max) {
+  if (m == INFINITY) return x == first_max ? 1.0 : 0.0;
+  return static_cast<double>(weight_of(s_x, m)) / z;
 }
 
 // Acceptance of a random-mode draft with target probability p_x and draft probability q_x
