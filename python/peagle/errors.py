@@ -64,8 +64,8 @@ def check_device(flag: str, name: str | None) -> str:
     """``name`` (cpu, cuda, cuda:N) checked against this torch and machine; returns it."""
     import torch
 
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name is None:  # a GPU only when this build has kernels for it
+        return "cuda" if torch.cuda.is_available() and _built_with_cuda() else "cpu"
     kind, _, index = name.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
         raise UserError(f"{flag} {name}", "unknown device", "use cpu, cuda or cuda:N")
@@ -82,10 +82,7 @@ def check_device(flag: str, name: str | None) -> str:
             raise UserError(
                 f"{flag} {name}", f"this machine has {n} GPU(s): cuda:0..cuda:{n - 1}", None
             )
-        from peagle import _read_build_info
-
-        info = _read_build_info()
-        if info is not None and not info.WITH_CUDA:
+        if not _built_with_cuda():
             raise UserError(
                 f"{flag} {name}",
                 "this peagle build has no CUDA kernels (built with PEAGLE_CUDA=OFF or without a "
@@ -94,6 +91,13 @@ def check_device(flag: str, name: str | None) -> str:
                 "--no-deps ., or use --device cpu",
             )
     return name
+
+
+def _built_with_cuda() -> bool:
+    from peagle import _read_build_info
+
+    info = _read_build_info()
+    return info is None or bool(info.WITH_CUDA)
 
 
 def go_offline_if_hub_unreachable(name: str) -> bool:

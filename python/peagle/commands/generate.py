@@ -18,11 +18,11 @@ from peagle.errors import (
 DESCRIPTION = """\
 Generate text with a target model and a P-EAGLE (parallel) or EAGLE-3 (serial) drafter.
 Greedy output (--temperature 0) is the target model's own greedy output with every method.
-Speculation is faster only when a target pass costs much more than a drafter pass, and it is
-NOT faster on the packaged tiny pair: measured tokens/s, none vs P-EAGLE vs EAGLE-3 (greedy):
-  2 CPU cores, 1 prompt, 64 tokens, K=3:     {cpu}
+Speculation pays only when a target pass costs much more than a drafter pass; on the packaged
+tiny pair it is at best about even. Measured tokens/s, none vs P-EAGLE vs EAGLE-3 (greedy):
+  2 CPU cores, 1 prompt, K=3 (issue 22):     none 229, P-EAGLE 118, EAGLE-3 147
   H200, concurrency 1 (64 prompts, 128 tok): none 1605, P-EAGLE 1562 (K=3), EAGLE-3 1684 (K=1)
-  H200, concurrency 16 / 64:                 speculation 0.10-0.57x of none (every K)
+  H200, concurrency 16 / 64:                 speculation 0.10-0.57x of none (every K measured)
 (docs/results.md, benchmarks/results/e2e-h200.json). `peagle tune` finds the best K and the
 break-even point for a pair from `peagle bench e2e` results. On the CPU, peagle runs one thread
 unless OMP_NUM_THREADS or --threads says otherwise (see --threads).
