@@ -113,6 +113,14 @@ def test_item4_unknown_device(pair, capsys):
     assert "--device tpu: unknown device" in line
 
 
+@pytest.mark.parametrize("command", [["bench", "e2e"], ["demo"]])
+def test_item4_other_commands_refuse_an_unknown_device(capsys, command, tmp_path):
+    argv = [*command, "--device", "tpu"]
+    if command[0] == "bench":
+        argv += ["--out", str(tmp_path / "e2e.json")]
+    user_error(capsys, argv, match="--device tpu")
+
+
 def test_item4_non_utf8_stdin(pair, capsys, monkeypatch):
     raw = io.TextIOWrapper(io.BytesIO(b"w5 w6\nw7 \xff\xfe\n"), encoding="utf-8")
     line = user_error(capsys, gen(pair, "--device", "cpu"), stdin=raw, monkeypatch=monkeypatch)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.errors import UserError
+from peagle.errors import UserError, check_device
 
 EXIT_MORE_WORK = 75
 METHODS = ("peagle", "eagle3", "none")
@@ -345,9 +345,7 @@ def run(args: argparse.Namespace) -> int:
 
     budget = Budget(args.max_minutes * 60 if args.max_minutes > 0 else float("inf"),
                     args.max_configs)  # fmt: skip
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}", "torch sees no CUDA device", "use --device cpu")
+    device = torch.device(check_device("--device", args.device))
     if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
         raise UserError("bench e2e", "--k and --concurrency values must be >= 1")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
