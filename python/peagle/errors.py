@@ -6,6 +6,7 @@ Commands raise :class:`UserError` for anything the user can fix (a flag, a file,
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -65,7 +66,14 @@ def check_device(flag: str, name: str | None) -> str:
     import torch
 
     if name is None:  # a GPU only when this build has kernels for it
-        return "cuda" if torch.cuda.is_available() and _built_with_cuda() else "cpu"
+        if torch.cuda.is_available() and not _built_with_cuda():
+            print(
+                "peagle: note: running on the CPU: this build has no CUDA kernels (rebuild with a "
+                "CUDA toolkit to use the GPU)",
+                file=sys.stderr,
+            )
+            return "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
     kind, _, index = name.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
         raise UserError(f"{flag} {name}", "unknown device", "use cpu, cuda or cuda:N")
