@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 EXIT_USAGE = 2
+HUB_UNREACHABLE = "cannot be downloaded: huggingface.co is unreachable, and it is not cached"
 
 
 class UserError(SystemExit):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from peagle.errors import (
+    HUB_UNREACHABLE,
     UserError,
     check_device,
     check_model_location,
@@ -283,7 +284,7 @@ def eos_ids(tokenizer, target) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-# (flag, attribute, lower bound, inclusive, what it is) of every numeric argument; checked before
+# (flag, attribute, minimum, what it is) of every numeric argument; checked before
 # anything is loaded (SpecDecoder checks its own again: peagle.decode.config).
 _NUMERIC = (
     ("-k/--num-speculative-tokens", "num_speculative_tokens", 1, "drafts per step"),
@@ -454,11 +455,7 @@ def run(args) -> int:
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as e:
-        why = (
-            "not in the local cache, and the hub (huggingface.co) is unreachable"
-            if offline
-            else f"cannot load a tokenizer ({first_line(e)})"
-        )
+        why = HUB_UNREACHABLE if offline else f"cannot load a tokenizer ({first_line(e)})"
         raise UserError(
             f"--model {args.model}",
             why,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from peagle.errors import (
+    HUB_UNREACHABLE,
     UserError,
     check_device,
     check_model_location,
@@ -202,7 +203,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-# (flag, attribute, lower bound, strict) of the numeric flags checked before anything is loaded.
+# (flag, attribute, minimum) of the numeric flags checked before anything is loaded.
 _NUMERIC = (
     ("-k/--num-depths", "num_depths", 1),
     ("--partitions", "partitions", 1),
@@ -263,9 +264,7 @@ def _check_target_loads(args, offline: bool) -> None:
     except (OSError, ValueError) as e:
         raise UserError(
             f"--target {args.target}",
-            "not in the local cache, and the hub (huggingface.co) is unreachable"
-            if offline
-            else f"cannot be loaded ({first_line(e)})",
+            HUB_UNREACHABLE if offline else f"cannot be loaded ({first_line(e)})",
             "check the hub id and the network, or pass a local model directory",
         ) from e
 
