@@ -49,3 +49,13 @@ def poison_(t: torch.Tensor | None) -> torch.Tensor | None:
     else:
         t.fill_(-12345)
     return t
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """`peagle generate` on the CPU sets torch to one thread (issue 22); tests calling the CLI
+    in-process must not leave that to the tests after them."""
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from cli_helpers import user_error
 from conftest import requires_cuda
 
 from peagle.bench import report, timing, tune
@@ -85,10 +86,10 @@ def test_tune_cli_measured_and_projected(tmp_path, capsys):
     assert main(["tune", "--results", str(path), "--concurrency", "1"]) == 0
     text = capsys.readouterr().out
     assert "[PROJECTION]" in text and "break-even" in text
-    with pytest.raises(SystemExit, match="no rows"):
-        main(["tune", "--results", str(path), "--concurrency", "3", "--no-projection"])
-    with pytest.raises(SystemExit, match="no results file"):
-        main(["tune", "--results", str(tmp_path / "missing.json")])
+    user_error(capsys, ["tune", "--results", str(path), "--concurrency", "3", "--no-projection"],
+               match="no rows")  # fmt: skip
+    user_error(capsys, ["tune", "--results", str(tmp_path / "missing.json")],
+               match="no results file")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,9 +104,9 @@ def test_help_lists_bench_and_tune():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
 @pytest.mark.parametrize("family", ["prep", "verify", "attention", "all"])
-def test_bench_ops_refuses_without_cuda(family, tmp_path):
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        main(["bench", "ops", family, *([] if family == "all" else ["--out", str(tmp_path / "x")])])
+def test_bench_ops_refuses_without_cuda(family, tmp_path, capsys):
+    argv = ["bench", "ops", family, *([] if family == "all" else ["--out", str(tmp_path / "x")])]
+    user_error(capsys, argv, match="needs a CUDA GPU")
     assert not list(tmp_path.iterdir())
 
 
@@ -203,13 +204,12 @@ def test_kv_benchmark_checks_its_peer_on_cpu():
         c.check()
 
 
-def test_bench_report_refuses_an_empty_results_dir(tmp_path):
+def test_bench_report_refuses_an_empty_results_dir(tmp_path, capsys):
     """Without results it must not overwrite docs/results.md with an empty report."""
-    from peagle.cli import main
 
     docs = tmp_path / "docs"
-    with pytest.raises(SystemExit, match="no \\*-h200.json results"):
-        main(["bench", "report", "--results-dir", str(tmp_path / "none"), "--docs-dir", str(docs)])
+    argv = ["bench", "report", "--results-dir", str(tmp_path / "none"), "--docs-dir", str(docs)]
+    user_error(capsys, argv, match=r"no \*-h200.json results")
     assert not docs.exists()
 
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from cli_helpers import user_error
 from tiny_models import make_tokenizer, save_pair, word
 
 from peagle import default_models
@@ -109,16 +110,14 @@ def test_chat_template_auto(tmp_path, capsys):
 def test_cli_errors(pair, capsys, tmp_path):
     tdir, ddir, _ = pair
     if not default_models.available():  # otherwise the packaged pair is the default
-        with pytest.raises(SystemExit, match="--model is required"):
-            main(["generate", "--prompt", "w5"])
-    with pytest.raises(SystemExit, match="needs --draft-model"):
-        main(["generate", "--model", str(tdir), "--prompt", "w5"])
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(["generate", "--model", str(tdir), "--method", "none", "--prompts-file", "nope"])
+        user_error(capsys, ["generate", "--prompt", "w5"], match="--model: required")
+    user_error(capsys, ["generate", "--model", str(tdir), "--prompt", "w5"],
+               match="needs --draft-model")  # fmt: skip
+    argv = ["generate", "--model", str(tdir), "--method", "none", "--prompts-file", "nope"]
+    user_error(capsys, argv, match="--prompts-file nope: no such file")
     save_pair(tmp_path, parallel=False)
-    with pytest.raises(SystemExit, match="mask_hidden"):
-        main(["generate", "--model", str(tdir), "--draft-model", str(tmp_path / "drafter"),
-              "--prompt", "w5"])  # fmt: skip
+    argv = ["generate", "--model", str(tdir), "--draft-model", str(tmp_path / "drafter")]
+    user_error(capsys, [*argv, "--prompt", "w5", "--device", "cpu"], match="mask_hidden")
 
 
 def test_python_m_help():
@@ -131,7 +130,7 @@ def test_python_m_help():
     assert "examples:" in res.stdout
 
 
-def test_generate_warns_when_k_exceeds_the_trained_depth(tmp_path, capsys):
+def test_generate_refuses_k_beyond_the_trained_depth(tmp_path, capsys):
     tdir, ddir, _ = save_pair(tmp_path)
     cfg_path = ddir / "config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -139,13 +138,14 @@ def test_generate_warns_when_k_exceeds_the_trained_depth(tmp_path, capsys):
     cfg_path.write_text(json.dumps(cfg))
     base = ["--model", str(tdir), "--draft-model", str(ddir), "--prompt", "w5",
             "--max-new-tokens", "3"]  # fmt: skip
-    rc, _, err = run_cli([*base, "-k", "3"], capsys)
-    assert rc == 0 and "K=3 exceeds the depth this drafter was trained for (2)" in err
+    user_error(capsys, ["generate", *base, "-k", "3", "--device", "cpu"],
+               match="trained for at most 2 parallel drafts")  # fmt: skip
     rc, _, err = run_cli([*base, "-k", "2"], capsys)
     assert rc == 0 and "exceeds the depth" not in err
+    rc, _, err = run_cli([*base, "-k", "3", "--method", "eagle3"], capsys)
+    assert rc == 0 and "K=3 exceeds the depth this drafter was trained for (2)" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only torch")
-def test_demo_on_cuda_without_cuda_is_a_clear_error():
-    with pytest.raises(SystemExit, match="needs a CUDA build of torch"):
-        main(["demo", "--device", "cuda"])
+def test_demo_on_cuda_without_cuda_is_a_clear_error(capsys):
+    user_error(capsys, ["demo", "--device", "cuda"], match="needs a CUDA build of torch")

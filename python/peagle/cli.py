@@ -2,7 +2,9 @@
 ``bench``, ``tune``.
 
 Each subcommand lives in ``peagle.commands.<name>`` and provides ``add_parser(subparsers)`` and
-``run(args) -> int``; add a new one by appending it to ``COMMANDS``.
+``run(args) -> int``; add a new one by appending it to ``COMMANDS``. A user error (a bad flag, a
+missing file, a device this machine lacks) is raised as :class:`peagle.errors.UserError` and
+printed here as one ``peagle: <what>: <why> (<what to do>)`` line, exit status 2.
 """
 
 from __future__ import annotations
@@ -12,11 +14,30 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from peagle.errors import EXIT_USAGE, UserError
+
 COMMANDS = ("generate", "train", "demo", "bench", "tune")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one ``peagle:`` line (subparsers inherit the class)."""
+
+    def error(self, message: str):  # noqa: D102  (argparse API)
+        what = self.prog.removeprefix("peagle").strip() or "peagle"
+        raise UserError(what, message, f"see {self.prog} --help")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("peagle")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="peagle",
         description="P-EAGLE parallel speculative decoding on peagle's fused ops.",
         epilog="examples:\n"
@@ -29,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  peagle tune --results benchmarks/results/e2e-h200.json --concurrency 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"peagle {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -37,8 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.run(args) or 0)
+    except UserError as e:
+        print(f"peagle: {e.line()}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("peagle: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from peagle.errors import UserError, check_device
+
 EXIT_MORE_WORK = 75
 METHODS = ("peagle", "eagle3", "none")
 DEFAULT_KS = (1, 3, 5, 7, 10)
@@ -80,9 +82,10 @@ class ResultsFile:
             if differ:
                 what = ", ".join(f"{k}: {old_settings.get(k)!r} there, {settings.get(k)!r} now"
                                  for k in differ)  # fmt: skip
-                raise SystemExit(
-                    f"peagle bench e2e: {self.path} was made with other settings ({what}). Use "
-                    "another --out or delete it to start over."
+                raise UserError(
+                    f"bench e2e: {self.path}",
+                    f"made with other settings ({what})",
+                    "use another --out, or delete it to start over",
                 )
             self.data.update(old)
         self.data.setdefault("projection", {})
@@ -267,7 +270,7 @@ def _load_pair(device, dtype, methods) -> dict:
     from peagle.models import Eagle3Drafter, load_model_pair
 
     if not default_models.available():
-        raise SystemExit("peagle bench e2e: this build has no packaged default model pair")
+        raise UserError("bench e2e", "this build has no packaged default model pair")
     # The peagle drafter's feature layers: the 4-layer default target has no valid default
     # auxiliary layers of its own ("none" never reads them).
     target, peagle = load_model_pair(
@@ -342,11 +345,9 @@ def run(args: argparse.Namespace) -> int:
 
     budget = Budget(args.max_minutes * 60 if args.max_minutes > 0 else float("inf"),
                     args.max_configs)  # fmt: skip
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("peagle bench e2e: --device cuda but torch sees no CUDA device")
+    device = torch.device(check_device("--device", args.device))
     if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
-        raise SystemExit("peagle bench e2e: --k and --concurrency values must be >= 1")
+        raise UserError("bench e2e", "--k and --concurrency values must be >= 1")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     num_prompts = max(args.num_prompts, max(args.concurrency))
     settings = {

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from peagle.errors import UserError
+
 SPEC_METHODS = ("peagle", "eagle3")
 LABELS = {"peagle": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 
@@ -19,8 +21,11 @@ LABELS = {"peagle": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 def load(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise SystemExit(f"peagle tune: no results file {p} (run `peagle bench e2e` first)")
-    return json.loads(p.read_text())
+        raise UserError(f"tune --results {p}", "no results file", "run `peagle bench e2e` first")
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"tune --results {p}", f"not valid JSON ({e})") from e
 
 
 def pair_acceptance_lengths() -> dict:

@@ -6,6 +6,8 @@ import argparse
 import importlib
 from pathlib import Path
 
+from peagle.errors import UserError
+
 DESCRIPTION = """\
 Benchmarks that users can rerun (method: docs/benchmarks.md).
 
@@ -118,10 +120,11 @@ def _require_cuda() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit(
-            "peagle bench ops: needs a CUDA GPU (torch.cuda.is_available() is False): the op "
-            "benchmarks time CUDA kernels and their peers with CUDA events and CUDA graphs. On the "
-            "CPU, run `peagle bench e2e --device cpu` or the tests instead."
+        raise UserError(
+            "bench ops",
+            "needs a CUDA GPU (torch.cuda.is_available() is False): the op benchmarks time CUDA "
+            "kernels and their peers with CUDA events and CUDA graphs",
+            "on the CPU, run `peagle bench e2e --device cpu` or the tests instead",
         )
 
 
@@ -161,9 +164,10 @@ def run_report(args) -> int:
 
     results = Path(args.results_dir)
     if not sorted(results.glob("*-h200.json")):
-        raise SystemExit(
-            f"peagle bench report: no *-h200.json results in {results} (run `peagle bench ops` / "
-            "`peagle bench e2e` first, or pass --results-dir); nothing written"
+        raise UserError(
+            f"bench report --results-dir {results}",
+            "no *-h200.json results there; nothing written",
+            "run `peagle bench ops` / `peagle bench e2e` first, or pass --results-dir",
         )
     report.generate(results, Path(args.docs_dir))
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from peagle.errors import UserError, check_device
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -25,10 +27,14 @@ def run(args) -> int:
     from peagle.demo import run_demo
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(
-            f"peagle demo: --device {device} needs a CUDA build of torch and a visible GPU "
-            f"(this torch: {torch.__version__}, CUDA available: no); use --device cpu"
+    if not device.startswith("cuda"):
+        device = check_device("--device", device)  # cpu, or a one-line refusal
+    elif not torch.cuda.is_available():
+        raise UserError(
+            f"demo --device {device}",
+            f"needs a CUDA build of torch and a visible GPU (this torch: {torch.__version__}, "
+            "CUDA available: no)",
+            "use --device cpu",
         )
     run_demo(device, args.seed)
     return 0

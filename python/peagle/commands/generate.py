@@ -7,11 +7,28 @@ import json
 import sys
 from pathlib import Path
 
+from peagle.errors import (
+    HUB_UNREACHABLE,
+    UserError,
+    check_device,
+    check_model_location,
+    first_line,
+    go_offline_if_hub_unreachable,
+)
+
 DESCRIPTION = """\
 Generate text with a target model and a P-EAGLE (parallel) or EAGLE-3 (serial) drafter.
-Greedy output (--temperature 0) is the target model's own greedy output; speculation only
-makes it faster. Prompts come from --prompt (repeatable), --prompts-file, or stdin (one prompt
-per line, or JSONL objects with a "prompt" field)."""
+Greedy output (--temperature 0) is the target model's own greedy output with every method.
+Speculation pays only when a target pass costs much more than a drafter pass; on the packaged
+tiny pair it is at best about even. Measured tokens/s, none vs P-EAGLE vs EAGLE-3 (greedy):
+  2 CPU cores, 1 prompt, K=3 (issue 22):     none 229, P-EAGLE 118, EAGLE-3 147
+  H200, concurrency 1 (64 prompts, 128 tok): none 1605, P-EAGLE 1562 (K=3), EAGLE-3 1684 (K=1)
+  H200, concurrency 16 / 64:                 speculation 0.10-0.57x of none (every K measured)
+(docs/results.md, benchmarks/results/e2e-h200.json). `peagle tune` finds the best K and the
+break-even point for a pair from `peagle bench e2e` results. On the CPU, peagle runs one thread
+unless OMP_NUM_THREADS or --threads says otherwise (see --threads).
+Prompts come from --prompt (repeatable), --prompts-file, or stdin (one prompt per line, or JSONL
+objects with a "prompt" field; blank lines are skipped, with a note on stderr)."""
 
 EPILOG = """\
 examples:
@@ -61,8 +78,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--num-speculative-tokens",
         type=int,
         default=5,
-        help="drafts per step K; at most the depth the drafter was trained for "
-        "(default: %(default)s)",
+        help="drafts per step K (default: %(default)s). With --method peagle, at most the depth "
+        "the drafter was trained for (its config's peagle_training.num_depths; the packaged "
+        "drafters: 10): the parallel slots past it were never trained. --method eagle3 runs "
+        "past its trained depth with a warning.",
     )
     i = p.add_argument_group("prompts")
     i.add_argument(
@@ -118,7 +137,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--max-num-seqs",
         type=int,
         default=8,
-        help="prompts decoded together in one batch (default: %(default)s)",
+        help="prompts decoded together in one batch, >= 1 (default: %(default)s)",
+    )
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: $OMP_NUM_THREADS when set, else 1 on the CPU: the "
+        "decode loop's matmuls have a few rows, and threads waiting on each other cost more "
+        "than they save, badly so on a loaded machine; raise it for large targets)",
     )
     r.add_argument(
         "--max-model-len",
@@ -145,52 +172,75 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 
 
+def _decode_line(line: bytes | str, where: str) -> str:
+    """One input line as text; bytes that are not UTF-8 are a user error (stdin under a UTF-8
+    locale hands them over as lone surrogates, which the tokenizer then rejects)."""
+    try:
+        if isinstance(line, bytes):
+            return line.decode("utf-8")
+        line.encode("utf-8")
+        return line
+    except UnicodeError as e:
+        raise UserError(where, f"not UTF-8 text ({e.reason})", "convert the input to UTF-8") from e
+
+
 def parse_prompt_lines(lines, source: str) -> list[str]:
     """One prompt per non-empty line; a line starting with ``{`` is a JSON object with a
-    ``prompt`` (or ``text``) field, one starting with ``"`` a JSON string."""
-    prompts = []
-    for n, line in enumerate(lines, 1):
-        line = line.rstrip("\n")
+    ``prompt`` (or ``text``) field, one starting with ``"`` a JSON string. Blank lines are
+    skipped with a note on stderr."""
+    prompts, blank = [], 0
+    for n, raw in enumerate(lines, 1):
+        line = _decode_line(raw, f"{source}:{n}").rstrip("\r\n")
         if not line.strip():
+            blank += 1
             continue
         if line.lstrip()[:1] in ("{", '"'):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise SystemExit(f"peagle generate: {source}:{n}: invalid JSON: {e}") from e
+                raise UserError(f"{source}:{n}", f"invalid JSON ({e})") from e
             if isinstance(obj, dict):
                 text = obj.get("prompt", obj.get("text"))
                 if not isinstance(text, str):
-                    raise SystemExit(
-                        f"peagle generate: {source}:{n}: JSON object needs a string 'prompt'"
-                    )
+                    raise UserError(f"{source}:{n}", "a JSON object needs a string 'prompt'")
                 obj = text
-            prompts.append(obj)
+            if not isinstance(obj, str):
+                raise UserError(f"{source}:{n}", "a JSON line must be an object or a string")
+            prompts.append(_decode_line(obj, f"{source}:{n}"))
         else:
             prompts.append(line)
+    if blank:
+        print(f"peagle generate: note: skipped {blank} blank line(s) in {source}", file=sys.stderr)
     return prompts
 
 
 def read_prompts(args) -> list[str]:
-    prompts = list(args.prompt)
+    prompts = [_decode_line(p, "--prompt") for p in args.prompt]
     if args.prompts_file == "-":
-        prompts += parse_prompt_lines(sys.stdin, "<stdin>")
+        prompts += parse_prompt_lines(_stdin_lines(), "<stdin>")
     elif args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
-            raise SystemExit(f"peagle generate: --prompts-file {path} does not exist")
-        with open(path, encoding="utf-8") as f:
+            raise UserError(f"--prompts-file {path}", "no such file")
+        with open(path, "rb") as f:
             prompts += parse_prompt_lines(f, str(path))
     elif not prompts:
         if sys.stdin is None or sys.stdin.isatty():
-            raise SystemExit(
-                "peagle generate: no prompts: pass --prompt, --prompts-file, or pipe prompts "
-                "into stdin (see --help)"
+            raise UserError(
+                "no prompts",
+                "none given",
+                "pass --prompt, --prompts-file, or pipe prompts into stdin",
             )
-        prompts += parse_prompt_lines(sys.stdin, "<stdin>")
+        prompts += parse_prompt_lines(_stdin_lines(), "<stdin>")
     if not prompts:
-        raise SystemExit("peagle generate: the prompt input is empty")
+        raise UserError("prompts", "the prompt input is empty", "pass at least one prompt")
     return prompts
+
+
+def _stdin_lines():
+    """stdin's lines as bytes when it has a byte buffer (strict UTF-8 decoding per line)."""
+    buf = getattr(sys.stdin, "buffer", None)
+    return buf if buf is not None else sys.stdin
 
 
 def encode_prompt(tokenizer, prompt: str, chat_template: str) -> list[int]:
@@ -203,7 +253,7 @@ def encode_prompt(tokenizer, prompt: str, chat_template: str) -> list[int]:
     else:
         path = Path(chat_template)
         if not path.is_file():
-            raise SystemExit(f"peagle generate: --chat-template {chat_template}: no such file")
+            raise UserError(f"--chat-template {chat_template}", "no such file")
         template = path.read_text()
         use = True
     if not use:
@@ -234,42 +284,143 @@ def eos_ids(tokenizer, target) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+# (flag, attribute, minimum, what it is) of every numeric argument; checked before
+# anything is loaded (SpecDecoder checks its own again: peagle.decode.config).
+_NUMERIC = (
+    ("-k/--num-speculative-tokens", "num_speculative_tokens", 1, "drafts per step"),
+    ("--max-num-seqs", "max_num_seqs", 1, "prompts per batch"),
+    ("--max-model-len", "max_model_len", 2, "tokens per request"),
+    ("--max-new-tokens", "max_new_tokens", 1, "tokens per prompt"),
+    ("--top-k", "top_k", 0, "0 = off"),
+    ("--threads", "threads", 1, "CPU threads"),
+)
+
+
+def check_numbers(args) -> None:
+    """Refuse a numeric flag out of range, naming it (before any model is loaded)."""
+    for flag, attr, low, what in _NUMERIC:
+        value = getattr(args, attr)
+        if value is None or (attr == "num_speculative_tokens" and args.method == "none"):
+            continue
+        if value < low:
+            raise UserError(f"{flag} {value}", f"must be >= {low} ({what})")
+    if not args.temperature >= 0:  # also NaN
+        raise UserError(f"--temperature {args.temperature}", "must be >= 0 (0 = greedy)")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p {args.top_p}", "must be in (0, 1] (1 = off)")
+
+
 def _check_args(args) -> None:
+    check_numbers(args)
     if not args.model:
         from peagle import default_models
 
         if not default_models.available():
-            raise SystemExit(
-                "peagle generate: --model is required (this build has no packaged default model "
-                "pair): pass a target model directory or hub id"
+            raise UserError(
+                "--model",
+                "required: this build has no packaged default model pair",
+                "pass a target model directory or hub id",
             )
         # The packaged pair: a small code model trained on the Python standard library and its
         # drafters (docs/default-model-pair.md); loads with no network.
         args.model = str(default_models.target_dir())
         if args.method != "none" and not args.draft_model:
             args.draft_model = str(default_models.drafter_dir(args.method))
+    check_model_location("--model", args.model)
     if args.method != "none" and not args.draft_model:
-        raise SystemExit(
-            f"peagle generate: --method {args.method} needs --draft-model (a P-EAGLE / EAGLE-3 "
-            "drafter checkpoint), or use --method none"
+        raise UserError(
+            f"--method {args.method}",
+            "needs --draft-model (a P-EAGLE / EAGLE-3 drafter checkpoint)",
+            "pass --draft-model, or use --method none",
         )
-    if args.method != "none" and args.num_speculative_tokens < 1:
-        raise SystemExit("peagle generate: -k/--num-speculative-tokens must be >= 1")
-    if args.max_new_tokens < 1:
-        raise SystemExit("peagle generate: --max-new-tokens must be >= 1")
+    if Path(args.model).is_dir():
+        _check_safetensors(Path(args.model))
+    if args.method != "none":
+        check_model_location("--draft-model", args.draft_model)
+        config, names = _check_drafter_files(Path(args.draft_model))
+        depth = (config.get("peagle_training") or {}).get("num_depths")
+        _check_k_against_drafter(depth, args.method, args.num_speculative_tokens)
+        _note_method_mismatch("mask_hidden" in names, args.method)
 
 
-def _warn_beyond_trained_depth(drafter, k: int) -> None:
-    """K past the depth a drafter was trained for runs, but its extra slots are untrained."""
-    depth = (
-        None if drafter is None else drafter.config.raw.get("peagle_training", {}).get("num_depths")
+def _check_drafter_files(path: Path) -> tuple[dict, set[str]]:
+    """The drafter's config.json and tensor names, read cheaply before anything loads."""
+    if not (path / "config.json").is_file():
+        raise UserError(f"--draft-model {path}", "no config.json", "pass a drafter checkpoint")
+    try:
+        config = json.loads((path / "config.json").read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path / 'config.json'}", f"not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise UserError(f"{path / 'config.json'}", "not a JSON object")
+    return config, _check_safetensors(path)
+
+
+def _check_safetensors(path: Path) -> set[str]:
+    """Read each safetensors header (cheap): a truncated file is named, not a traceback.
+    Returns the tensor names."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                names.update(st.keys())
+        except Exception as e:  # noqa: BLE001  (SafetensorError and OS errors alike)
+            raise UserError(
+                str(f),
+                f"not a readable safetensors file ({first_line(e)})",
+                "re-download or re-save the checkpoint",
+            ) from e
+    return names
+
+
+def _check_k_against_drafter(depth: int | None, method: str, k: int) -> None:
+    """P-EAGLE's parallel slots past the trained depth were never trained: refuse. EAGLE-3's
+    serial passes reuse the same head, so K past its depth runs, with a warning."""
+    if depth is None or k <= depth:
+        return
+    if method == "peagle":
+        raise UserError(
+            f"-k {k}",
+            f"this P-EAGLE drafter was trained for at most {depth} parallel drafts",
+            f"use -k 1..{depth}, or a drafter trained with peagle train -k {k}",
+        )
+    print(
+        f"peagle generate: warning: K={k} exceeds the depth this drafter was trained for "
+        f"({depth}); the serial passes past it are rarely accepted, and each one still costs a "
+        "drafter forward",
+        file=sys.stderr,
     )
-    if depth is not None and k > depth:
+
+
+def _note_method_mismatch(parallel: bool, method: str) -> None:
+    if method == "eagle3" and parallel:
         print(
-            f"peagle generate: warning: K={k} exceeds the depth this drafter was trained for "
-            f"({depth}); drafts past it come from untrained slots and are rarely accepted",
+            "peagle generate: note: this is a P-EAGLE drafter (it has mask_hidden); --method "
+            "eagle3 runs it serially, K passes per step; --method peagle drafts all K in one pass",
             file=sys.stderr,
         )
+
+
+def _set_threads(args, device) -> None:
+    """1 CPU thread unless told otherwise (see --threads)."""
+    import os
+
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)
+
+
+def _finish_text(out, max_new_tokens: int) -> str:
+    if out.finish_reason == "stop":
+        return "stopped at EOS / a stop token"
+    if out.stats.num_generated_tokens >= max_new_tokens:
+        return "reached --max-new-tokens"
+    return "reached --max-model-len"
 
 
 def run(args) -> int:
@@ -283,28 +434,46 @@ def run(args) -> int:
     from peagle.decode import SamplingParams, SpecDecoder
     from peagle.models import load_model_pair
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(check_device("--device", args.device))
     if args.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
         dtype = getattr(torch, args.dtype)
     if device.type == "cuda" and dtype == torch.float32:
-        raise SystemExit("peagle generate: the CUDA kernels run bfloat16/float16; use --dtype auto")
+        raise UserError(
+            "--dtype float32", "the CUDA kernels run bfloat16/float16", "use --dtype auto"
+        )
+    _set_threads(args, device)
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    if args.no_progress:  # transformers' own "Loading weights" bar too
+    progress = not args.no_progress and sys.stderr.isatty()
+    if not progress:  # transformers' own "Loading weights" bar too
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    offline = go_offline_if_hub_unreachable(args.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as e:
+        why = HUB_UNREACHABLE if offline else f"cannot load a tokenizer ({first_line(e)})"
+        raise UserError(
+            f"--model {args.model}",
+            why,
+            "check the hub id and the network, or pass a local model directory",
+        ) from e
+    models = f"--model {args.model}" + (
+        "" if args.method == "none" else f" --draft-model {args.draft_model}"
+    )
+    try:
         target, drafter = load_model_pair(
             args.model,
             None if args.method == "none" else args.draft_model,
             device=device,
             dtype=dtype,
         )
-        _warn_beyond_trained_depth(drafter, args.num_speculative_tokens)
+    except (ValueError, OSError, KeyError) as e:
+        raise UserError(models, first_line(e)) from e
+    try:
         token_ids = [encode_prompt(tokenizer, p, args.chat_template) for p in prompts]
         # KV sized for the longest request this run can produce, unless told otherwise.
         max_len = args.max_model_len or max(len(t) for t in token_ids) + args.max_new_tokens
@@ -334,11 +503,11 @@ def run(args) -> int:
             desc="prompts",
             unit="prompt",
             file=sys.stderr,
-            disable=args.no_progress or len(prompts) <= 1,
+            disable=not progress or len(prompts) <= 1,
         ) as bar:
             outputs = engine.generate(token_ids, params, on_finish=lambda _: bar.update(1))
-    except (ValueError, FileNotFoundError, OSError) as e:
-        raise SystemExit(f"peagle generate: {e}") from e
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError("generate", first_line(e)) from e
 
     for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
         text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -353,12 +522,11 @@ def run(args) -> int:
             }
             print(json.dumps(record), flush=True)
             continue
-        if len(prompts) > 1:
-            print(f"=== [{i}] {prompt}")
+        print(f"=== [{i}] {prompt}")
         print(text, flush=True)
         print(
-            f"[{i}] {st.num_generated_tokens} tokens ({out.finish_reason}), acceptance length "
-            f"{st.acceptance_length:.2f}, {st.tokens_per_second:.1f} tok/s",
+            f"[{i}] {st.num_generated_tokens} tokens ({_finish_text(out, args.max_new_tokens)}), "
+            f"acceptance length {st.acceptance_length:.2f}, {st.tokens_per_second:.1f} tok/s",
             file=sys.stderr,
         )
     return 0

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from peagle.errors import (
+    HUB_UNREACHABLE,
+    UserError,
+    check_device,
+    check_model_location,
+    first_line,
+    go_offline_if_hub_unreachable,
+)
 
 DESCRIPTION = """\
 Train a P-EAGLE (parallel) drafter or an autoregressive EAGLE-3 head for a target model
@@ -44,7 +55,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(one document per line in --jsonl-field)",
     )
     io.add_argument("--data-glob", default="*", help="file pattern inside directories (default: *)")
-    io.add_argument("--jsonl-field", default="text", help="JSONL field with the document text")
+    io.add_argument(
+        "--jsonl-field",
+        default="text",
+        help="JSONL field with the document text (default: %(default)s)",
+    )
     io.add_argument("--output", required=True, help="output (and resume) directory")
     d = p.add_argument_group("drafter")
     d.add_argument(
@@ -69,7 +84,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "or '<|mask|>')",
     )
     d.add_argument(
-        "--aux-layer-ids", type=int, nargs=3, help="target feature layers (default [2, L//2, L-3])"
+        "--aux-layer-ids",
+        type=int,
+        nargs=3,
+        help="target feature layers, strictly increasing (default: [2, L//2, L-3], or "
+        "[1, L//2, L-1] for targets with fewer than 7 layers)",
     )
     t = p.add_argument_group("layout and schedule")
     t.add_argument(
@@ -89,10 +108,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="sequence partitions per sequence (Algorithm 1; exact gradients, lower "
         "peak memory; default: %(default)s)",
     )
-    t.add_argument("--seq-len", type=int, default=2048, help="tokens per training sequence")
-    t.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     t.add_argument(
-        "--grad-accum", type=int, default=1, help="forwards (of --pack sequences) per step"
+        "--seq-len",
+        type=int,
+        default=2048,
+        help="tokens per training sequence (default: %(default)s)",
+    )
+    t.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: %(default)s)")
+    t.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="forwards (of --pack sequences) per step (default: %(default)s)",
     )
     t.add_argument(
         "--pack",
@@ -101,10 +128,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="sequences packed into one forward as separate documents (the mask keeps them "
         "apart; many tokens per launch for small drafters on a GPU; default: %(default)s)",
     )
-    t.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (AdamW)")
-    t.add_argument("--warmup-steps", type=int, default=50)
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--grad-clip", type=float, default=1.0)
+    t.add_argument(
+        "--lr", type=float, default=6e-4, help="peak learning rate, AdamW (default: %(default)s)"
+    )
+    t.add_argument(
+        "--warmup-steps", type=int, default=50, help="linear warmup steps (default: %(default)s)"
+    )
+    t.add_argument("--weight-decay", type=float, default=0.0, help="(default: %(default)s)")
+    t.add_argument(
+        "--grad-clip",
+        type=float,
+        default=1.0,
+        help="gradient norm clip, 0 = off (default: %(default)s)",
+    )
     r = p.add_argument_group("runtime")
     r.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     r.add_argument(
@@ -119,9 +155,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="auto",
         help="target weights (auto: bf16 on CUDA, fp32 on CPU)",
     )
-    r.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
-    r.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
-    r.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    r.add_argument(
+        "--save-dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="dtype of model.safetensors (default: %(default)s)",
+    )
+    r.add_argument(
+        "--save-every",
+        type=int,
+        default=200,
+        help="steps between checkpoints (default: %(default)s)",
+    )
+    r.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="steps between log lines: train_log.jsonl, and stdout when there is no progress bar "
+        "(default: %(default)s)",
+    )
     r.add_argument(
         "--time-limit",
         type=float,
@@ -136,18 +188,97 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="train for about this many seconds (loading and compiling included): the step "
-        "count is fixed after timing the first steps (at most --steps; kept on resume; "
-        "0 = exactly --steps)",
+        "count is estimated from the measured time per step and revised after every step "
+        "(at most --steps; a resumed run keeps the count its budget ended at; 0 = exactly "
+        "--steps)",
     )
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    r.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is none either when stderr is not a terminal); log lines "
+        "go to stdout every --log-every steps instead",
+    )
     p.set_defaults(run=run)
     return p
 
 
-def run(args) -> int:
-    from peagle.train.trainer import TrainConfig, train
+# (flag, attribute, minimum) of the numeric flags checked before anything is loaded.
+_NUMERIC = (
+    ("-k/--num-depths", "num_depths", 1),
+    ("--partitions", "partitions", 1),
+    ("--seq-len", "seq_len", 1),
+    ("--steps", "steps", 1),
+    ("--grad-accum", "grad_accum", 1),
+    ("--pack", "pack", 1),
+    ("--warmup-steps", "warmup_steps", 0),
+    ("--save-every", "save_every", 1),
+    ("--log-every", "log_every", 1),
+    ("--num-layers", "num_layers", 1),
+    ("--intermediate-size", "intermediate_size", 1),
+    ("--draft-vocab-size", "draft_vocab_size", 1),
+    ("--mask-token-id", "mask_token_id", 0),
+    ("--weight-decay", "weight_decay", 0),
+    ("--grad-clip", "grad_clip", 0),
+    ("--time-limit", "time_limit", 0),
+    ("--time-budget", "time_budget", 0),
+)
 
+
+def check_args(args) -> None:
+    """Every input error that can be found before the target is loaded, as a UserError."""
+    for flag, attr, low in _NUMERIC:
+        value = getattr(args, attr)
+        if value is not None and not value >= low:  # `not >=` also refuses NaN
+            raise UserError(f"{flag} {value}", f"must be >= {low}")
+    if not args.lr > 0:
+        raise UserError(f"--lr {args.lr}", "must be > 0")
+    if not 0 < args.cod_r <= 1 or not 0 <= args.cod_r_min <= 1:
+        raise UserError(f"--cod-r {args.cod_r} --cod-r-min {args.cod_r_min}", "must be in (0, 1]")
+    if args.method == "eagle3" and args.partitions != 1:
+        raise UserError(
+            f"--partitions {args.partitions}",
+            "sequence partitioning applies to P-EAGLE only",
+            "use --partitions 1 with --method eagle3",
+        )
+    if args.aux_layer_ids is not None and sorted(set(args.aux_layer_ids)) != args.aux_layer_ids:
+        raise UserError(f"--aux-layer-ids {args.aux_layer_ids}", "must be strictly increasing")
+    for d in args.data:
+        if not Path(d).exists():
+            raise UserError(f"--data {d}", "no such file or directory")
+    check_model_location("--target", args.target)
+    if args.tokenizer:
+        check_model_location("--tokenizer", args.tokenizer)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out}", "exists and is not a directory")
+    check_device("--device", args.device)
+
+
+def _check_target_loads(args, offline: bool) -> None:
+    """Read the target's config.json first (cheap): a bad id or path is named in one line."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(args.target)
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--target {args.target}",
+            HUB_UNREACHABLE if offline else f"cannot be loaded ({first_line(e)})",
+            "check the hub id and the network, or pass a local model directory",
+        ) from e
+
+
+def run(args) -> int:
+    from peagle.train.trainer import TrainConfig, Trainer
+
+    check_args(args)
+    offline = go_offline_if_hub_unreachable(args.target)
+    if args.no_progress or not sys.stderr.isatty():  # transformers' "Loading weights" bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    _check_target_loads(args, offline)
     cfg = TrainConfig(
         target=args.target,
         tokenizer=args.tokenizer,
@@ -184,5 +315,17 @@ def run(args) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    result = train(cfg)
+    out = Path(args.output)
+    created = not out.exists()
+    try:
+        try:
+            trainer = Trainer(cfg)
+        except (ValueError, OSError) as e:
+            raise UserError("train", first_line(e)) from e
+        result = trainer.run()
+    except BaseException:
+        # A run that failed before writing anything leaves no empty output directory behind.
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
     return 0 if result["finished"] else 75

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from peagle.errors import UserError
+
 DESCRIPTION = """\
 For a model pair, GPU and concurrency: the K with the most tokens/s for P-EAGLE and for EAGLE-3,
 their speedup over no speculation, and the break-even table (per K: tokens/s of each method and
@@ -91,5 +93,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
     if not out:
-        raise SystemExit(f"peagle tune: {args.results} has no rows for these concurrencies")
+        raise UserError(
+            f"tune --results {args.results}", "no rows for these concurrencies", "see --concurrency"
+        )
     return 0

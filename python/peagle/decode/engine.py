@@ -38,6 +38,7 @@ import torch
 
 from peagle import ops
 from peagle.decode.blocks import BlockAllocator, blocks_for
+from peagle.decode.config import validate_engine_args
 from peagle.decode.request import Request, RequestOutput, SamplingParams
 from peagle.decode.staging import StepStaging
 from peagle.decode.timing import PhaseClock
@@ -183,6 +184,11 @@ class SpecDecoder:
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        validate_engine_args(
+            method=method, num_speculative_tokens=num_speculative_tokens, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, block_size=block_size, num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
+        )  # fmt: skip
         self.target = target
         self.method = method
         self.device = target.device

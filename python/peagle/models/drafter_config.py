@@ -127,7 +127,11 @@ class DrafterConfig:
     @classmethod
     def from_json_file(cls, path: str | Path) -> DrafterConfig:
         with open(path) as f:
-            return cls.from_dict(json.load(f))
+            try:
+                data = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``config.json`` dictionary: the loaded one with peagle's fields updated."""

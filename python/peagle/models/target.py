@@ -41,6 +41,14 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
+def suggested_aux_layer_ids(num_layers: int) -> list[int]:
+    """The ids ``peagle train`` picks (docs/training.md): ``[2, L//2, L-3]`` from 7 layers up,
+    ``[1, L//2, L-1]`` below (where the EAGLE-3 default is not strictly increasing)."""
+    if num_layers >= 7:
+        return default_aux_layer_ids(num_layers)
+    return [1, num_layers // 2, num_layers - 1]
+
+
 def _check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3:
@@ -48,8 +56,8 @@ def _check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     if any(i < 0 or i >= num_layers for i in ids) or sorted(set(ids)) != ids:
         raise ValueError(
             f"auxiliary layer ids {ids} must be strictly increasing layer indices in "
-            f"[0, {num_layers}) (vLLM collects them in layer order); a target with "
-            f"{num_layers} layers has default {default_aux_layer_ids(num_layers)}"
+            f"[0, {num_layers}) (vLLM collects them in layer order), e.g. "
+            f"{suggested_aux_layer_ids(num_layers)} for a target with {num_layers} layers"
         )
     return ids
 

@@ -30,7 +30,13 @@ from peagle.train.target_features import pack_sequences, shift_sequence, target_
 
 STATE_NAME = "train_state.pt"
 LOG_NAME = "train_log.jsonl"
-CALIBRATION_STEPS = 8  # steps timed (after the first) to fix a time-budgeted run's length
+CALIBRATION_STEPS = 8  # steps timed (after the first) before a time-budgeted run's plan is logged
+RATE_WINDOW = 8  # recent steps whose mean duration re-estimates a time-budgeted run's length
+# TrainConfig fields that shape the drafter: a resume with other values is refused.
+ARCHITECTURE_KEYS = (
+    "method", "num_layers", "intermediate_size", "draft_vocab_size", "mask_token_id",
+    "aux_layer_ids", "num_depths",
+)  # fmt: skip
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -71,7 +77,7 @@ class TrainConfig:
     save_every: int = 200
     log_every: int = 10
     time_limit_s: float = 0.0
-    time_budget_s: float = 0.0  # fix `steps` after calibration so training ends within this
+    time_budget_s: float = 0.0  # revise `steps` as steps are timed so training ends within this
     seed: int = 0
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -109,10 +115,11 @@ def _resolve_mask_id(cfg: TrainConfig, tokenizer, vocab_size: int) -> int:
 class Trainer:
     """Holds the target, the drafter, the data and the optimiser of one ``peagle train`` run."""
 
-    def __init__(self, cfg: TrainConfig, log=print) -> None:
+    def __init__(self, cfg: TrainConfig, log=print, clock=time.monotonic) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self._t_created = time.monotonic()  # the time limit counts loading too
+        self._clock = clock  # injectable for tests of the time budget
+        self._t_created = clock()  # the time limit counts loading too
         if cfg.method not in ("peagle", "eagle3"):
             raise ValueError(f"method must be 'peagle' or 'eagle3', got {cfg.method!r}")
         if cfg.method == "eagle3" and cfg.partitions != 1:
@@ -124,7 +131,6 @@ class Trainer:
         self.cfg = cfg
         self.log = log
         self.out = Path(cfg.output)
-        self.out.mkdir(parents=True, exist_ok=True)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         use_autocast = cfg.autocast if cfg.autocast is not None else self.device.type == "cuda"
         self.autocast_dtype = torch.bfloat16 if use_autocast else None
@@ -145,6 +151,7 @@ class Trainer:
         state = None
         if (self.out / STATE_NAME).is_file():
             state = torch.load(self.out / STATE_NAME, map_location="cpu", weights_only=False)
+            check_resume_architecture(cfg, state, self.out)
             dcfg = DrafterConfig.from_dict(state["drafter_config"])
             parallel = state["parallel"]
             self.drafter = Eagle3Drafter(
@@ -198,6 +205,13 @@ class Trainer:
             self.step = state["step"]
             self.position = state["position"]
         self.attention = MaskedAttention(cfg.attention, cfg.attention_chunk)
+        # A time-budgeted run revises its step count as it goes; a resumed one keeps the count
+        # its budget ended at.
+        self._budgeting = cfg.time_budget_s > 0 and self.budgeted_steps is None
+        self._max_steps = cfg.steps
+        self._save_s = 0.0  # duration of the last checkpoint save (the final one is reserved)
+        self._say = log  # messages; routed around the progress bar while it is shown
+        self.out.mkdir(parents=True, exist_ok=True)  # only once everything above loaded
         n_par = sum(p.numel() for p in params)
         log(
             f"drafter: {cfg.method}, {self.drafter.config.num_hidden_layers} layers, "
@@ -255,24 +269,29 @@ class Trainer:
         self.step += 1
         return stats, tokens
 
-    def _fix_budgeted_steps(self, step_s: float) -> None:
-        """With a time budget: the step count that ends training within it, from the measured
-        time per step (fixed once, before warmup ends; stored in the checkpoint for resumes)."""
+    def _revise_budgeted_steps(self, recent_step_s: float, announce: bool) -> None:
+        """With a time budget: the step count that ends training within it, from the mean
+        duration of the recent steps (checkpoint saves and logging included) and the time left,
+        reserving one final save. Revised after every step, so steps that slow down (or speed
+        up) as training goes do not push the run past the budget."""
         cfg = self.cfg
-        if cfg.time_budget_s <= 0 or self.budgeted_steps is not None:
+        if not self._budgeting:
             return
-        left = cfg.time_budget_s - (time.monotonic() - self._t_created)
-        steps = max(self.step + 1, min(cfg.steps, self.step + int(left / max(step_s, 1e-9))))
-        self.log(
-            f"time budget {cfg.time_budget_s:.0f} s: {step_s * 1e3:.0f} ms/step measured, "
-            f"training {steps} steps (of at most {cfg.steps})"
-        )
+        left = cfg.time_budget_s - (self._clock() - self._t_created) - self._save_s
+        fit = int(left / max(recent_step_s, 1e-9)) if left > 0 else 0
+        steps = max(self.step, min(self._max_steps, self.step + fit))
+        if announce:
+            self._say(
+                f"time budget {cfg.time_budget_s:.0f} s: {recent_step_s * 1e3:.0f} ms/step "
+                f"measured, about {steps} steps (of at most {self._max_steps}; revised as it goes)"
+            )
         cfg.steps = self.budgeted_steps = steps
 
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save(self) -> None:
         cfg = self.cfg
+        t0 = self._clock()
         export = copy.deepcopy(self.drafter).to(_DTYPES[cfg.save_dtype])
         export.save_pretrained(self.out)
         state = {
@@ -289,12 +308,14 @@ class Trainer:
         tmp = self.out / (STATE_NAME + ".tmp")
         torch.save(state, tmp)
         tmp.replace(self.out / STATE_NAME)
+        self._save_s = self._clock() - t0
 
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> dict:
         cfg = self.cfg
-        t_start = time.monotonic()
+        clock = self._clock
+        t_start = clock()
         bar = None
         if cfg.progress:
             from tqdm.auto import tqdm
@@ -305,30 +326,27 @@ class Trainer:
                 desc=f"peagle train ({cfg.method})",
                 unit="step",
                 dynamic_ncols=True,
+                disable=None,  # none when stderr is not a terminal (a log file)
             )
-        window, win_tokens, win_t0 = StepStats(), 0, time.monotonic()
+            if bar.disable:
+                bar = None
+            else:
+                self._say = _around_bar(self.log)
+        window, win_tokens, win_t0 = StepStats(), 0, clock()
         last = None
         finished = self.step >= cfg.steps
         # the slowest step of this call but its first (which compiles, loads caches)
         step_s, steps_now = 0.0, 0
+        recent: list[float] = []  # durations of the latest steps but the first (budget)
         while self.step < cfg.steps:
-            t_step = time.monotonic()
+            t_step = clock()
             stats, tokens = self.train_step()
-            if steps_now > 0:
-                step_s = max(step_s, time.monotonic() - t_step)
-            steps_now += 1
-            if steps_now == 1:
-                t_calib = time.monotonic()  # after the first (compiling) step
-            elif steps_now == CALIBRATION_STEPS + 1:
-                self._fix_budgeted_steps((time.monotonic() - t_calib) / CALIBRATION_STEPS)
-                if bar is not None:
-                    bar.total = cfg.steps
             window.merge(stats)
             win_tokens += tokens
             if bar is not None:
                 bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                dt = time.monotonic() - win_t0
+                dt = clock() - win_t0
                 acc = [c / max(1, n) for c, n in zip(window.correct, window.count, strict=True)]
                 last = {
                     "step": self.step,
@@ -339,7 +357,7 @@ class Trainer:
                     "acc_per_depth": acc,
                     "tokens_per_s": win_tokens / max(dt, 1e-9),
                     "lr": self.opt.param_groups[0]["lr"],
-                    "elapsed_s": time.monotonic() - t_start,
+                    "elapsed_s": clock() - t_start,
                     "position": self.position,
                 }
                 with open(self.out / LOG_NAME, "a") as f:
@@ -350,24 +368,93 @@ class Trainer:
                         acc0=f"{acc[0]:.2f}" if acc else "-",
                         tok_s=f"{last['tokens_per_s']:.0f}",
                     )
-                window, win_tokens, win_t0 = StepStats(), 0, time.monotonic()
+                else:  # no bar: the loss goes to the log (stdout), not only train_log.jsonl
+                    self.log(
+                        f"step {self.step}/{cfg.steps}: loss {window.mean_kl:.4f}, acc0 "
+                        + (f"{acc[0]:.3f}" if acc else "-")
+                        + f", {last['tokens_per_s']:.0f} tok/s, lr {last['lr']:.2e}, "
+                        f"{last['elapsed_s']:.1f} s"
+                    )
+                window, win_tokens, win_t0 = StepStats(), 0, clock()
             if self.step % cfg.save_every == 0:
                 self.save()
+            dur = clock() - t_step  # the step with its logging and saving
+            if steps_now > 0:
+                step_s = max(step_s, dur)
+                recent = (recent + [dur])[-RATE_WINDOW:]
+                self._revise_budgeted_steps(
+                    sum(recent) / len(recent), announce=steps_now == CALIBRATION_STEPS
+                )
+                if bar is not None:
+                    bar.total = cfg.steps
+                    bar.refresh()
+            steps_now += 1
             # Stop once the limit is passed or the next step would pass it (one step at least).
-            if cfg.time_limit_s > 0 and (
-                time.monotonic() - self._t_created + step_s > cfg.time_limit_s
-            ):
+            if cfg.time_limit_s > 0 and (clock() - self._t_created + step_s > cfg.time_limit_s):
                 break
         else:
             finished = True
         if bar is not None:
             bar.close()
+        self._say = self.log
         self.save()
         if finished:
-            self.log(f"finished {self.step} steps; checkpoint in {self.out}")
+            budget = ""
+            if self._budgeting:
+                used = clock() - self._t_created
+                budget = f" in {used:.0f} s of a {cfg.time_budget_s:.0f} s time budget"
+            self.log(f"finished {self.step} steps{budget}; checkpoint in {self.out}")
         else:
             self.log(f"stopped at step {self.step}/{cfg.steps} (time limit); rerun to resume")
         return {"finished": finished, "step": self.step, "last": last}
+
+
+def _around_bar(log):
+    """``log`` that clears the progress bar line first (messages on a line of their own)."""
+    from tqdm.auto import tqdm
+
+    def say(msg: str) -> None:
+        with tqdm.external_write_mode():
+            log(msg)
+
+    return say
+
+
+def check_resume_architecture(cfg: TrainConfig, state: dict, out: Path) -> None:
+    """Refuse to resume ``out`` with architecture settings other than those it was made with
+    (keeping the old drafter silently would ignore the new flags). A setting left at None (its
+    default, derived from the target) matches whatever the checkpoint has."""
+    old_cfg = state.get("train_config") or {}
+    d = DrafterConfig.from_dict(state["drafter_config"])
+    old = {
+        "method": old_cfg.get("method"),
+        "num_depths": old_cfg.get("num_depths"),
+        "num_layers": d.num_hidden_layers,
+        "intermediate_size": d.intermediate_size,
+        "draft_vocab_size": d.draft_vocab_size,
+        "mask_token_id": d.mask_token_id,
+        "aux_layer_ids": d.aux_layer_ids,
+    }
+    new = {k: getattr(cfg, k) for k in ARCHITECTURE_KEYS}
+    if new["num_layers"] is None:
+        new["num_layers"] = 4 if cfg.method == "peagle" else 1
+    if new["draft_vocab_size"] is not None:
+        new["draft_vocab_size"] = min(new["draft_vocab_size"], d.vocab_size)
+    differ = [
+        k
+        for k in ARCHITECTURE_KEYS
+        if new[k] is not None and old[k] is not None and _norm(new[k]) != _norm(old[k])
+    ]
+    if differ:
+        what = ", ".join(f"{k}: {old[k]!r} there, {new[k]!r} now" for k in differ)
+        raise ValueError(
+            f"{out} holds a run with other architecture settings ({what}); pass the same flags "
+            "to resume it, or choose a new --output"
+        )
+
+
+def _norm(v):
+    return list(v) if isinstance(v, tuple) else v
 
 
 def train(cfg: TrainConfig, log=print) -> dict:
