@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import HAS_CUDA, poison_, requires_cuda
-from prep_inputs import make_batch
 from reference.prepare_draft_inputs import next_token_ids_ref, prepare_draft_inputs_ref
 
 import peagle
 from peagle import ops
+from peagle.testing import make_batch
 
 MASK = 999  # mask token id used by the golden examples (vLLM's test uses -2; ids here are valid)
 ROW_FIELDS = ("input_ids", "positions", "is_rejected", "is_masked", "slot_mapping")

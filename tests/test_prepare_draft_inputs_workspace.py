@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import poison_, requires_cuda
-from prep_inputs import make_batch
 from reference.prepare_draft_inputs import prepare_draft_inputs_ref
 from test_prepare_draft_inputs import REQ_FIELDS, ROW_FIELDS, assert_matches_ref, example1_inputs
 
 from peagle import ops
+from peagle.testing import make_batch
 
 LAYOUT = torch.ops.peagle.prepare_draft_inputs_workspace_layout
 
