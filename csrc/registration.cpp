@@ -12,6 +12,20 @@
 
 #include "peagle/kernels/prepare_draft_inputs.h"
 
+// The eleven inputs both forms of the draft step take first, in this order.
+#define PEAGLE_DRAFT_STEP_INPUTS           \
+  "    Tensor      target_token_ids,"      \
+  "    Tensor      target_positions,"      \
+  "    Tensor      query_start_loc,"       \
+  "    Tensor      seq_lens,"              \
+  "    Tensor      sampled_token_ids,"     \
+  "    Tensor      discard_request_mask,"  \
+  "    Tensor      backup_next_token_ids," \
+  "    Tensor      cu_num_draft_tokens,"   \
+  "    Tensor      block_table,"           \
+  "    Tensor?     target_hidden_states,"  \
+  "    Tensor?     mask_hidden,"
+
 TORCH_LIBRARY(peagle, m) {
   // Stage A of the draft step (SPEC §3.2): next token and valid-token count per request from the
   // previous verification output. Also fused into prepare_draft_inputs.
@@ -27,61 +41,37 @@ TORCH_LIBRARY(peagle, m) {
 
   // The fused draft-batch step (SPEC §3-4): Stages A-E plus the hidden-state scatter and
   // mask broadcast.
-  m.def(
-      "prepare_draft_inputs("
-      "    Tensor      target_token_ids,"
-      "    Tensor      target_positions,"
-      "    Tensor      query_start_loc,"
-      "    Tensor      seq_lens,"
-      "    Tensor      sampled_token_ids,"
-      "    Tensor      discard_request_mask,"
-      "    Tensor      backup_next_token_ids,"
-      "    Tensor      cu_num_draft_tokens,"
-      "    Tensor      block_table,"
-      "    Tensor?     target_hidden_states,"
-      "    Tensor?     mask_hidden,"
-      "    int         num_padding_slots_per_request,"
-      "    int         mask_token_id,"
-      "    int         padding_token_id,"
-      "    bool        shift_input_ids,"
-      "    int         block_size,"
-      "    int         max_model_len,"
-      "    int         vocab_size,"
-      "    Tensor(a!)  input_ids,"
-      "    Tensor(b!)  positions,"
-      "    Tensor(c!)  is_rejected,"
-      "    Tensor(d!)  is_masked,"
-      "    Tensor(e!)  token_indices_to_sample,"
-      "    Tensor(f!)  slot_mapping,"
-      "    Tensor(g!)  new_query_start_loc,"
-      "    Tensor(h!)  new_seq_lens,"
-      "    Tensor(i!)  next_token_ids,"
-      "    Tensor(j!)  valid_sampled_tokens_count,"
-      "    Tensor(k!)? hidden_states=None"
-      ") -> ()");
+  m.def("prepare_draft_inputs(" PEAGLE_DRAFT_STEP_INPUTS
+        "    int         num_padding_slots_per_request,"
+        "    int         mask_token_id,"
+        "    int         padding_token_id,"
+        "    bool        shift_input_ids,"
+        "    int         block_size,"
+        "    int         max_model_len,"
+        "    int         vocab_size,"
+        "    Tensor(a!)  input_ids,"
+        "    Tensor(b!)  positions,"
+        "    Tensor(c!)  is_rejected,"
+        "    Tensor(d!)  is_masked,"
+        "    Tensor(e!)  token_indices_to_sample,"
+        "    Tensor(f!)  slot_mapping,"
+        "    Tensor(g!)  new_query_start_loc,"
+        "    Tensor(h!)  new_seq_lens,"
+        "    Tensor(i!)  next_token_ids,"
+        "    Tensor(j!)  valid_sampled_tokens_count,"
+        "    Tensor(k!)? hidden_states=None"
+        ") -> ()");
 
   // The same step with 16 arguments instead of 29 (the per-call dispatcher cost grows with the
   // count): scalars in one CPU int64 `config` (DraftConfig order), the ten non-hidden outputs in
   // three 1-D buffers (int64, int32, bool) at the offsets of the layout op below.
-  m.def(
-      "prepare_draft_inputs_workspace("
-      "    Tensor      target_token_ids,"
-      "    Tensor      target_positions,"
-      "    Tensor      query_start_loc,"
-      "    Tensor      seq_lens,"
-      "    Tensor      sampled_token_ids,"
-      "    Tensor      discard_request_mask,"
-      "    Tensor      backup_next_token_ids,"
-      "    Tensor      cu_num_draft_tokens,"
-      "    Tensor      block_table,"
-      "    Tensor?     target_hidden_states,"
-      "    Tensor?     mask_hidden,"
-      "    Tensor      config,"
-      "    Tensor(a!)  workspace_i64,"
-      "    Tensor(b!)  workspace_i32,"
-      "    Tensor(c!)  workspace_bool,"
-      "    Tensor(d!)? hidden_states=None"
-      ") -> ()");
+  m.def("prepare_draft_inputs_workspace(" PEAGLE_DRAFT_STEP_INPUTS
+        "    Tensor      config,"
+        "    Tensor(a!)  workspace_i64,"
+        "    Tensor(b!)  workspace_i32,"
+        "    Tensor(c!)  workspace_bool,"
+        "    Tensor(d!)? hidden_states=None"
+        ") -> ()");
   // Element offsets: [positions, slot_mapping, i64 numel, input_ids, token_indices_to_sample,
   // query_start_loc, seq_lens, next_token_ids, valid_sampled_tokens_count, i32 numel,
   // is_rejected, is_masked, bool numel].

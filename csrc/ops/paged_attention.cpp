@@ -5,7 +5,6 @@
 // are never copied: strided views are read through their strides.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -230,13 +229,6 @@ void paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
 #endif
 }
 
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("paged_attention", &paged_attention);
-}
-#ifdef PEAGLE_WITH_CUDA
-TORCH_LIBRARY_IMPL(peagle, CUDA, m) {
-  m.impl("paged_attention", &paged_attention);
-}
-#endif
+PEAGLE_IMPL("paged_attention", &paged_attention);
 
 }  // namespace peagle

@@ -6,7 +6,6 @@
 // how the outputs are passed.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
-#include <torch/library.h>
 
 #include <vector>
 
@@ -364,17 +363,8 @@ void prepare_next_token_ids(const at::Tensor& sampled_token_ids,
 #endif
 }
 
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("prepare_draft_inputs", &prepare_draft_inputs);
-  m.impl("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace);
-  m.impl("prepare_next_token_ids", &prepare_next_token_ids);
-}
-#ifdef PEAGLE_WITH_CUDA
-TORCH_LIBRARY_IMPL(peagle, CUDA, m) {
-  m.impl("prepare_draft_inputs", &prepare_draft_inputs);
-  m.impl("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace);
-  m.impl("prepare_next_token_ids", &prepare_next_token_ids);
-}
-#endif
+PEAGLE_IMPL("prepare_draft_inputs", &prepare_draft_inputs);
+PEAGLE_IMPL("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace);
+PEAGLE_IMPL("prepare_next_token_ids", &prepare_next_token_ids);
 
 }  // namespace peagle

@@ -4,7 +4,6 @@
 // (csrc/cuda/verify_chain_glue.cpp) on the params.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
-#include <torch/library.h>
 
 #include <vector>
 
@@ -191,13 +190,6 @@ void verify_chain(const at::Tensor& target_logits, const at::Tensor& draft_token
 #endif
 }
 
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("verify_chain", &verify_chain);
-}
-#ifdef PEAGLE_WITH_CUDA
-TORCH_LIBRARY_IMPL(peagle, CUDA, m) {
-  m.impl("verify_chain", &verify_chain);
-}
-#endif
+PEAGLE_IMPL("verify_chain", &verify_chain);
 
 }  // namespace peagle

@@ -4,7 +4,6 @@
 // params. Caches are never copied: strided views (e.g. the halves of a [2, num_blocks, ...] cache)
 // are written through their strides.
 #include <ATen/core/Tensor.h>
-#include <torch/library.h>
 
 #include <vector>
 
@@ -83,13 +82,6 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, const at::Te
 #endif
 }
 
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("write_kv_cache", &write_kv_cache);
-}
-#ifdef PEAGLE_WITH_CUDA
-TORCH_LIBRARY_IMPL(peagle, CUDA, m) {
-  m.impl("write_kv_cache", &write_kv_cache);
-}
-#endif
+PEAGLE_IMPL("write_kv_cache", &write_kv_cache);
 
 }  // namespace peagle

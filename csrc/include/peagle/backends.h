@@ -7,6 +7,7 @@
 //                                             current stream, launch_<op>() of csrc/cuda/<op>.cu
 #pragma once
 #include <c10/core/Device.h>
+#include <torch/library.h>
 
 #include "peagle/kernels/paged_attention.h"
 #include "peagle/kernels/prepare_draft_inputs.h"
@@ -31,3 +32,20 @@ void write_kv_cache_cuda(const WriteKvCacheParams& p, c10::Device device);
 #endif
 
 }  // namespace peagle
+
+// Registers an op's one entry `fn` for both dispatch keys (CUDA only in CUDA builds); the entry
+// sends CPU tensors to the CPU kernel and CUDA tensors to the launcher.
+#ifdef PEAGLE_WITH_CUDA
+#define PEAGLE_IMPL(name, fn)           \
+  TORCH_LIBRARY_IMPL(peagle, CPU, m) {  \
+    m.impl(name, fn);                   \
+  }                                     \
+  TORCH_LIBRARY_IMPL(peagle, CUDA, m) { \
+    m.impl(name, fn);                   \
+  }
+#else
+#define PEAGLE_IMPL(name, fn)          \
+  TORCH_LIBRARY_IMPL(peagle, CPU, m) { \
+    m.impl(name, fn);                  \
+  }
+#endif
