@@ -677,3 +677,59 @@ def test_cuda_graph_replay_with_new_lengths(gen, cuda_impl):
         graph.replay()
         torch.cuda.synchronize()
         check_against_reference(static, out, lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masked keys never affect a row, whatever they hold (SPEC §5, EDGE_CASES X4)
+# ---------------------------------------------------------------------------------------------
+
+
+def _set_keys(pb: Problem, r: int, keys: list[int], value: float, which: str) -> None:
+    bs = pb.key_cache.shape[1]
+    for key in keys:
+        blk, slot = int(pb.block_table[r, key // bs]), key % bs
+        if "k" in which:
+            pb.key_cache[blk, slot] = value
+        if "v" in which:
+            pb.value_cache[blk, slot] = value
+
+
+@pytest.mark.parametrize("which", ["kv", "v", "k"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_nonfinite_kv_in_causal_future_does_not_poison_earlier_rows(
+    device, gen, dtype, d, which, impl
+):
+    # q_len 8 over 45 keys: row i sees keys 0..37+i. NaN/inf at keys 42..44 (seen by rows 5..7
+    # only) must leave rows 0..4 bit-identical and equal to the reference; rows 5..7 see them and
+    # are not finite. Unsplit, split (3) and automatic splits.
+    pb = make_problem(gen, [8], [45], 8, 2, d, 16, dtype, device, layout="plain")
+    for num_splits in (1, 3, 0):
+        clean, clean_lse = run_op(pb, max_query_len=8, num_splits=num_splits)
+        check_against_reference(pb, clean, clean_lse)
+        for value in (float("nan"), float("inf")):
+            pb2 = Problem(pb.query, pb.key_cache.clone(), pb.value_cache.clone(), pb.block_table,
+                          pb.query_start_loc, pb.seq_lens)  # fmt: skip
+            _set_keys(pb2, 0, [42, 43, 44], value, which)
+            out, lse = run_op(pb2, max_query_len=8, num_splits=num_splits)
+            assert torch.equal(out[:5], clean[:5]), (num_splits, value, "rows 0..4 changed")
+            assert torch.equal(lse[:5], clean_lse[:5])
+            assert not torch.isfinite(out[5:].float()).all(dim=-1).any(), "rows 5..7 see it"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_nonfinite_kv_behind_sliding_window_does_not_poison_later_rows(device, gen, dtype, d, impl):
+    # window_left 10: row i sees keys 27+i .. 37+i. NaN at key 27 is seen by row 0 only, at
+    # keys 28..29 by rows <= 1 / <= 2: rows 3..7 must not change.
+    pb = make_problem(gen, [8], [45], 8, 2, d, 16, dtype, device, layout="plain")
+    for num_splits in (1, 2, 0):
+        clean, clean_lse = run_op(pb, max_query_len=8, num_splits=num_splits, window_left=10)
+        check_against_reference(pb, clean, clean_lse, window_left=10)
+        pb2 = Problem(pb.query, pb.key_cache.clone(), pb.value_cache.clone(), pb.block_table,
+                      pb.query_start_loc, pb.seq_lens)  # fmt: skip
+        _set_keys(pb2, 0, [27, 28, 29], float("nan"), "kv")
+        out, lse = run_op(pb2, max_query_len=8, num_splits=num_splits, window_left=10)
+        assert torch.equal(out[3:], clean[3:]), (num_splits, "rows 3..7 changed")
+        assert torch.equal(lse[3:], clean_lse[3:])
+        assert not torch.isfinite(out[:3].float()).all(dim=-1).any(), "rows 0..2 see it"

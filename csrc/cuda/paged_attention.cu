@@ -357,8 +357,54 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         const uint32_t sk = s_kv + read_stage * Cfg::kStageBytes;
         const uint32_t sv = sk + Cfg::kKvTileBytes;
         read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-        if (!kWgmma && !warp_active) continue;
         const int32_t key0 = (kt_begin + it) * kBlockN;
+        // A tile crossing a row's causal or window edge holds keys that some of its rows must
+        // not see. Their probabilities are exactly 0 in those rows, but 0 * inf/NaN = NaN in
+        // P V, so such keys' non-finite V values are replaced by 0 (SPEC 5: masked keys never
+        // affect a row). The rows that do see a replaced value get NaN accumulators instead, as
+        // IEEE arithmetic (the CPU kernel) gives them. Keys every row sees need nothing.
+        if (key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi) {  // CTA-uniform
+          uint64_t my_bad = 0;  // bit (key - key0): this thread scrubbed a word of that key
+          constexpr int kWords = D / 2;  // 32-bit words per key row
+#pragma unroll 1
+          for (int w = tid; w < kBlockN * kWords; w += Cfg::kThreads) {
+            const int row = w / kWords;
+            const int32_t key = key0 + row;
+            if (key >= tk.max_lo && key <= tk.min_hi) continue;
+            const int wc = w % kWords;
+            auto* word = reinterpret_cast<uint32_t*>(smem + (sv - s_q) +
+                                                     tile_offset<kBlockN>(row, wc >> 2)) +
+                         (wc & 3);
+            const uint32_t v = *word, clean = scrub_pair<T>(v);
+            if (clean != v) {
+              *word = clean;
+              my_bad |= uint64_t{1} << row;
+            }
+          }
+          if constexpr (kWgmma) {
+            if (my_bad != 0) fence_proxy_async_smem();  // scrubbed V -> wgmma's async proxy
+          }
+          if (__syncthreads_or(my_bad != 0)) {  // rare: gather the keys, poison the rows
+            // Q's shared-memory tile is dead here (Q lives in registers until the next tile).
+            auto* bad_keys = reinterpret_cast<unsigned long long*>(smem);
+            if (tid == 0) *bad_keys = 0;
+            __syncthreads();
+            if (my_bad != 0) atomicOr(bad_keys, static_cast<unsigned long long>(my_bad));
+            __syncthreads();
+            const uint64_t bad = *bad_keys;
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                if (key_bits(key0, row_lo[mt][half], row_hi[mt][half]) & bad) {
+#pragma unroll
+                  for (int c = 0; c < D / 8; ++c) o[mt][c][2 * half] = o[mt][c][2 * half + 1] = kNaN;
+                }
+              }
+            }
+          }
+        }
+        if (!kWgmma && !warp_active) continue;
 
         // S = Q K^T (raw scores).
         if constexpr (kWgmma) {
@@ -524,11 +570,12 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         const int32_t h = g * group + pp % group;
         const float m = row_m[mt][half];  // log2 domain; -inf iff l == 0
         const int dcol = (lane & 3) << 1;
+        // l == 0: the row sees no key. l is NaN when a score it sees is (a NaN key): propagated.
         if (n_split == 1) {
           float o_scale = 0.f, lse = kNegInf;
           if (p.sinks != nullptr) {
             const float sink = p.sinks[h] * kLog2e;
-            if (l > 0.f) {
+            if (l != 0.f) {
               const float mm = fmaxf(m, sink);
               const float w = fast_exp2(m - mm);
               const float l_tot = l * w + fast_exp2(sink - mm);
@@ -537,7 +584,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
             } else {
               lse = p.sinks[h];
             }
-          } else if (l > 0.f) {
+          } else if (l != 0.f) {
             o_scale = 1.f / l;
             lse = (m + __log2f(l)) * kLn2;
           }
@@ -549,7 +596,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           }
           if (p.lse != nullptr && (lane & 3) == 0) p.lse[t * p.lse_stride_t + h] = lse;
         } else {
-          const float inv = l > 0.f ? 1.f / l : 0.f;
+          const float inv = l != 0.f ? 1.f / l : 0.f;
           const int64_t row = (static_cast<int64_t>(split) * p.num_tokens + t) * p.num_q_heads + h;
           float* dst = p.ws_out + row * D + dcol;
 #pragma unroll
@@ -557,7 +604,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
             *reinterpret_cast<float2*>(dst + c * 8) =
                 make_float2(o[mt][c][2 * half] * inv, o[mt][c][2 * half + 1] * inv);
           }
-          if ((lane & 3) == 0) p.ws_lse[row] = l > 0.f ? m + __log2f(l) : kNegInf;
+          if ((lane & 3) == 0) p.ws_lse[row] = l != 0.f ? m + __log2f(l) : kNegInf;
         }
       }
     }
@@ -639,10 +686,11 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   if (n_split <= 1) return;  // inert, unsplit or out of range: written by the main kernel
 
   // Max of the split lse values (log2 domain), lanes over splits.
+  // NaN-propagating (a split that saw a NaN score has lse NaN: the row's output is NaN).
   float mx = kNegInf;
-  for (int32_t s = lane; s < n_split; s += 32) mx = fmaxf(mx, p.ws_lse[s * stride + pair]);
+  for (int32_t s = lane; s < n_split; s += 32) mx = max_nan(mx, p.ws_lse[s * stride + pair]);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  for (int off = 16; off > 0; off >>= 1) mx = max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   T* dst = static_cast<T*>(p.out) + t * p.o_stride_t + h * p.o_stride_h + lane * kPerLane;
   if (mx == kNegInf) {  // the row sees no key: 0, lse = sink (or -inf), as in the main kernel
 #pragma unroll

@@ -20,6 +20,7 @@ constexpr int kMaxAutoSplits = 64;    // automatic split cap
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // ---------------------------------------------------------------------------------------------
 // PTX helpers
@@ -64,6 +65,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// max(a, b) that returns NaN if either is NaN (fmaxf returns the other operand).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 
 // Programmatic dependent launch (sm_90+; no-ops without a programmatic dependency).
@@ -168,6 +176,39 @@ __device__ __forceinline__ int32_t split_count(int32_t ntk, int32_t max_splits, 
   s = max(1, min(s, ntk));
   const int32_t per = (ntk + s - 1) / s;
   return (ntk + per - 1) / per;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-finite values of partly masked keys
+// ---------------------------------------------------------------------------------------------
+
+// Exponent bits of a 16-bit float: all ones iff the value is inf or NaN.
+template <typename T>
+struct HalfBits;
+template <>
+struct HalfBits<__nv_bfloat16> {
+  static constexpr uint32_t kExp = 0x7F80u;
+};
+template <>
+struct HalfBits<__half> {
+  static constexpr uint32_t kExp = 0x7C00u;
+};
+
+// Two packed 16-bit floats with every inf/NaN replaced by +0.
+template <typename T>
+__device__ __forceinline__ uint32_t scrub_pair(uint32_t x) {
+  constexpr uint32_t e = HalfBits<T>::kExp;
+  const uint32_t lo = (x & e) == e ? 0u : (x & 0xFFFFu);
+  const uint32_t hi = ((x >> 16) & e) == e ? 0u : (x & 0xFFFF0000u);
+  return lo | hi;
+}
+
+// Bit (key - key0) of keys [key0, key0 + 64) inside [lo, hi] (0 if the ranges do not meet).
+__device__ __forceinline__ uint64_t key_bits(int32_t key0, int32_t lo, int32_t hi) {
+  const int32_t a = max(lo - key0, 0), b = min(hi - key0, 63);
+  if (a > b) return 0;
+  const uint64_t upto_b = b == 63 ? ~uint64_t{0} : ((uint64_t{1} << (b + 1)) - 1);
+  return upto_b & ~((uint64_t{1} << a) - 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -97,180 +97,81 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
   }
 }
 
-// D[64 x 32] (+)= A[64 x 16] (registers) * B[16 x 32] (shared-memory descriptor desc_b);
-// scale_d == 0: D = A * B. kTransB: B is MN-major (1) or K-major (0).
+// wgmma.mma_async m64nNk16 with A in registers and B from a shared-memory descriptor, for the
+// element type AB ("bf16" or "f16"): D (+)= A * B, scale_d == 0 -> D = A * B; TRANS: B is
+// MN-major (1) or K-major (0). One macro per N (the operand lists differ); each function below
+// expands it once per element type.
+#define PEAGLE_WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define PEAGLE_WGMMA_AB_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)
+
+#define PEAGLE_WGMMA_M64N32K16(AB)                                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " "                 \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
+               "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                              \
+               : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3) \
+               : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
+
+#define PEAGLE_WGMMA_M64N64K16(AB)                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " "                   \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
+               "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                          \
+               : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3), \
+                 PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7)  \
+               : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
+
+#define PEAGLE_WGMMA_M64N128K16(AB)                                                            \
+  asm volatile(                                                                                \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." AB "." AB " "                             \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
+      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "  \
+      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                               \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                           \
+      : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3),        \
+        PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7),        \
+        PEAGLE_WGMMA_D4(8), PEAGLE_WGMMA_D4(9), PEAGLE_WGMMA_D4(10), PEAGLE_WGMMA_D4(11),      \
+        PEAGLE_WGMMA_D4(12), PEAGLE_WGMMA_D4(13), PEAGLE_WGMMA_D4(14), PEAGLE_WGMMA_D4(15)     \
+      : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
+
+// Expands WGMMA("bf16") or WGMMA("f16") for T; traps where wgmma does not exist.
+#if PEAGLE_ATTN_HAS_WGMMA
+#define PEAGLE_WGMMA_FOR(T, WGMMA)                \
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) { \
+    WGMMA("bf16");                                \
+  } else {                                        \
+    WGMMA("f16");                                 \
+  }
+#else
+#define PEAGLE_WGMMA_FOR(T, WGMMA) (void)d, (void)a, (void)desc_b, (void)scale_d, __trap()
+#endif
+
+// D[64 x N] (+)= A[64 x 16] (registers) * B[16 x N] (shared-memory descriptor desc_b).
 template <typename T, int kTransB>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4],
                                                 uint64_t desc_b, int scale_d) {
-#if PEAGLE_ATTN_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15"
-        "}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15"
-        "}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  }
-#else
-  (void)d, (void)a, (void)desc_b, (void)scale_d;
-  __trap();
-#endif
+  PEAGLE_WGMMA_FOR(T, PEAGLE_WGMMA_M64N32K16);
 }
-
-// D[64 x 64] (+)= A[64 x 16] (registers) * B[16 x 64] (shared-memory descriptor desc_b);
-// scale_d == 0: D = A * B. kTransB: B is MN-major (1) or K-major (0).
 template <typename T, int kTransB>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4],
                                                 uint64_t desc_b, int scale_d) {
-#if PEAGLE_ATTN_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  }
-#else
-  (void)d, (void)a, (void)desc_b, (void)scale_d;
-  __trap();
-#endif
+  PEAGLE_WGMMA_FOR(T, PEAGLE_WGMMA_M64N64K16);
 }
-
-// D[64 x 128] (+)= A[64 x 16] (registers) * B[16 x 128] (shared-memory descriptor desc_b);
-// scale_d == 0: D = A * B. kTransB: B is MN-major (1) or K-major (0).
 template <typename T, int kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32_t (&a)[4],
                                                  uint64_t desc_b, int scale_d) {
-#if PEAGLE_ATTN_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63"
-        "}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
-          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
-          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
-          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
-          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63"
-        "}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
-          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
-          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
-          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
-          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-  }
-#else
-  (void)d, (void)a, (void)desc_b, (void)scale_d;
-  __trap();
-#endif
+  PEAGLE_WGMMA_FOR(T, PEAGLE_WGMMA_M64N128K16);
 }
+
+#undef PEAGLE_WGMMA_FOR
+#undef PEAGLE_WGMMA_M64N128K16
+#undef PEAGLE_WGMMA_M64N64K16
+#undef PEAGLE_WGMMA_M64N32K16
+#undef PEAGLE_WGMMA_AB_IN
+#undef PEAGLE_WGMMA_D4
 
 }  // namespace attn
 }  // namespace peagle
