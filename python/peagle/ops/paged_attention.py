@@ -93,6 +93,18 @@ def paged_attention(
             sync: keys past the table's capacity are invisible there, and bad block ids are read
             as zeros (no out-of-bounds access; results unspecified). ``PEAGLE_DEBUG_CHECKS=1``
             runs the CPU checks first.
+
+    Example:
+        One request of 2 query rows over 3 keys in block 0 (row 0 sees keys 0-1, row 1 keys 0-2).
+
+        >>> import torch, peagle
+        >>> i32 = torch.int32
+        >>> q, kc, vc = torch.randn(2, 1, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8)
+        >>> out, lse = peagle.paged_attention(
+        ...     q, kc, vc, torch.tensor([[0]], dtype=i32), torch.tensor([0, 2], dtype=i32),
+        ...     torch.tensor([3], dtype=i32), return_lse=True)
+        >>> out.shape, lse.shape
+        (torch.Size([2, 1, 8]), torch.Size([2, 1]))
     """
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(query.shape[-1])

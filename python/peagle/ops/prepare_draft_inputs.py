@@ -134,6 +134,10 @@ def prepare_draft_inputs(
         RuntimeError: on a wrong shape, dtype or device (naming the argument), and from the CPU
             kernel on inconsistent values (non-monotone ``query_start_loc``, more rejected rows
             than the request has, block table too narrow for a position, invalid backup token).
+
+    Example:
+        The exact tensors of SPEC.md §3.7's worked examples (``tests/test_prepare_draft_inputs.py``
+        checks them); random batches: :func:`peagle.testing.make_batch`.
     """
     b = query_start_loc.shape[0] - 1
     if out is None:

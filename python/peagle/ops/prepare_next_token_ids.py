@@ -24,6 +24,14 @@ def prepare_next_token_ids(
     (``0 <= id < vocab_size``) in its ``[K+1]`` row and the id at the largest valid column, or
     the backup token when none is valid. Equivalent to vLLM's
     ``eagle_prepare_next_token_padded_kernel`` except that any negative id is invalid.
+
+    Example:
+        >>> import torch, peagle
+        >>> sampled = torch.tensor([[5, 7, -1], [3, -1, -1]], dtype=torch.int32)
+        >>> nxt, valid = peagle.prepare_next_token_ids(
+        ...     sampled, torch.tensor([False, True]), torch.tensor([9, 4], dtype=torch.int32), 100)
+        >>> nxt.tolist(), valid.tolist()
+        ([7, 4], [2, 0])
     """
     b = sampled_token_ids.shape[0]
     if out is None:

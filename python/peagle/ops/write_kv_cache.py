@@ -35,6 +35,16 @@ def write_kv_cache(
             (nothing is written then). CUDA cannot raise on values without a host sync: such rows
             are skipped, never written out of bounds (``PEAGLE_DEBUG_CHECKS=1`` runs the CPU
             checks first).
+
+    Example:
+        Two blocks of 4 slots, one KV head of size 2; row 1 is a padding row (slot -1).
+
+        >>> import torch, peagle
+        >>> kc, vc = torch.zeros(2, 4, 1, 2), torch.zeros(2, 4, 1, 2)
+        >>> k = v = torch.ones(2, 1, 2)
+        >>> peagle.write_kv_cache(k, v, kc, vc, torch.tensor([5, -1]))
+        >>> kc[1, 1].tolist(), float(kc.sum())
+        ([[1.0, 1.0]], 2.0)
     """
     args = [key, value, key_cache, value_cache, slot_mapping]
     _debug_check_on_cpu(_ops.write_kv_cache.default, args)
