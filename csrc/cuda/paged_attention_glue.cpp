@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "launch.cuh"
 #include "peagle/backends.h"
 
 namespace peagle {
@@ -26,7 +27,7 @@ void paged_attention_cuda(PagedAttentionParams& p, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);
   if (p.num_tokens == 0) return;  // B == 0 and T == 0, or T == 0 (EDGE_CASES B2)
   const c10::DeviceIndex dev = device.index();
-  p.num_sms = device_attr(cudaDevAttrMultiProcessorCount, dev);
+  p.num_sms = sm_count(dev);
   p.arch = device_attr(cudaDevAttrComputeCapabilityMajor, dev) * 10 +
            device_attr(cudaDevAttrComputeCapabilityMinor, dev);
   const PagedAttentionPlan plan = plan_paged_attention(p);
