@@ -223,10 +223,7 @@ void paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
       static_cast<int32_t>(max_query_len < 0 || max_query_len > t ? t : max_query_len);
   p.num_splits = static_cast<int32_t>(num_splits);
   p.dtype = attn_dtype(dt);
-  if (query.is_cpu()) return paged_attention_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  paged_attention_cuda(p, query.device());
-#endif
+  PEAGLE_RUN(paged_attention, p, query);
 }
 
 PEAGLE_IMPL("paged_attention", &paged_attention);

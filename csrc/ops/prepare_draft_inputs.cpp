@@ -262,10 +262,7 @@ void prepare_draft_inputs(
   p.new_seq_lens = new_seq_lens.data_ptr<int32_t>();
   p.next_token_ids = next_token_ids.data_ptr<int32_t>();
   p.valid_sampled_tokens_count = valid_sampled_tokens_count.data_ptr<int32_t>();
-  if (target_token_ids.is_cpu()) return prepare_draft_inputs_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  prepare_draft_inputs_cuda(p, target_token_ids.device());
-#endif
+  PEAGLE_RUN(prepare_draft_inputs, p, target_token_ids);
 }
 
 // The workspace form: `config` is a CPU int64 tensor [kDraftConfigSize] (DraftConfig order) and
@@ -329,10 +326,7 @@ void prepare_draft_inputs_workspace(
   p.valid_sampled_tokens_count = w32 + lay.valid_sampled_tokens_count;
   p.is_rejected = wb + lay.is_rejected;
   p.is_masked = wb + lay.is_masked;
-  if (target_token_ids.is_cpu()) return prepare_draft_inputs_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  prepare_draft_inputs_cuda(p, target_token_ids.device());
-#endif
+  PEAGLE_RUN(prepare_draft_inputs, p, target_token_ids);
 }
 
 // Stage A alone (SPEC §3.2).
@@ -357,10 +351,7 @@ void prepare_next_token_ids(const at::Tensor& sampled_token_ids,
   p.num_reqs = static_cast<int32_t>(sampled.size(0));
   p.next_token_ids = next_token_ids.data_ptr<int32_t>();
   p.valid_sampled_tokens_count = valid_sampled_tokens_count.data_ptr<int32_t>();
-  if (sampled_token_ids.is_cpu()) return prepare_next_token_ids_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  prepare_next_token_ids_cuda(p, sampled_token_ids.device());
-#endif
+  PEAGLE_RUN(prepare_next_token_ids, p, sampled_token_ids);
 }
 
 PEAGLE_IMPL("prepare_draft_inputs", &prepare_draft_inputs);

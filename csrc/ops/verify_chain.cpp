@@ -184,10 +184,7 @@ void verify_chain(const at::Tensor& target_logits, const at::Tensor& draft_token
   p.num_accepted = num_accepted.data_ptr<int32_t>();
   p.accepted_per_position =
       accepted_per_position ? accepted_per_position->data_ptr<bool>() : nullptr;
-  if (target_logits.is_cpu()) return verify_chain_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  verify_chain_cuda(p, target_logits.device());
-#endif
+  PEAGLE_RUN(verify_chain, p, target_logits);
 }
 
 PEAGLE_IMPL("verify_chain", &verify_chain);

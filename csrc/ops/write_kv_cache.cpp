@@ -76,10 +76,7 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, const at::Te
   p.elem_bytes = static_cast<int32_t>(key.element_size());
   p.num_blocks = num_blocks;
   p.block_size = static_cast<int32_t>(block_size);
-  if (key.is_cpu()) return write_kv_cache_cpu(p);
-#ifdef PEAGLE_WITH_CUDA
-  write_kv_cache_cuda(p, key.device());
-#endif
+  PEAGLE_RUN(write_kv_cache, p, key);
 }
 
 PEAGLE_IMPL("write_kv_cache", &write_kv_cache);

@@ -33,6 +33,14 @@ void write_kv_cache_cuda(const WriteKvCacheParams& p, c10::Device device);
 
 }  // namespace peagle
 
+// Runs op's CPU kernel or (CUDA builds) its CUDA launcher on the params `p`, by the device of the
+// tensor `t` (only CPU and CUDA are registered, so nothing else reaches an entry).
+#ifdef PEAGLE_WITH_CUDA
+#define PEAGLE_RUN(op, p, t) ((t).is_cpu() ? op##_cpu(p) : op##_cuda(p, (t).device()))
+#else
+#define PEAGLE_RUN(op, p, t) op##_cpu(p)
+#endif
+
 // Registers an op's one entry `fn` for both dispatch keys (CUDA only in CUDA builds); the entry
 // sends CPU tensors to the CPU kernel and CUDA tensors to the launcher.
 #ifdef PEAGLE_WITH_CUDA
