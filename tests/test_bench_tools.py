@@ -141,6 +141,7 @@ def test_report_parses_timing_modes():
 
 
 @requires_cuda
+@pytest.mark.serial  # compares GPU times: other processes' kernels would time-slice with it
 def test_eager_throughput_matches_a_known_kernel():
     """N back-to-back calls of a ~fixed-length kernel: throughput ~ its GPU time, per-call eager
     median >= it (the event pair per call adds nothing to remove)."""

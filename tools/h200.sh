@@ -2,7 +2,13 @@
 # Build peagle from source on the H200 machine (offline, torch 2.11 cu130) and run the GPU tests,
 # compute-sanitizer and benchmarks. Logs and JSON results go to $OUT.
 #   bash tools/h200.sh [build|test|sanitize|bench|all] ...      (carry .deps with the CUTLASS wheel)
-# SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools.
+#   test [pytest args]      the GPU test command: build + the whole suite (CUDA and CPU tests, the
+#                           `slow` set included) under pytest-xdist, one OpenMP thread per worker;
+#                           prints its wall time, build included (README "Building for a GPU")
+#   bench [families]        `peagle bench ops` for prep verify attention kv (default) and/or e2e
+#                           (concurrency 1), results in $OUT/<family>-h200.json
+# SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
+# TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
 set -uo pipefail
 OUT=${OUT:-/tmp/peagle-out}
 mkdir -p "$OUT"
@@ -22,9 +28,28 @@ build() {
   python3 -c "import torch, peagle; print(torch.__version__, torch.cuda.get_device_name(0), torch._C._dispatch_dump('peagle::prepare_draft_inputs').count('CUDA'), 'CUDA kernels')"
 }
 run_tests() {
-  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rfE --timeout=120 -p no:cacheprovider "${@:-tests}" \
-    > "$OUT/tests.log" 2>&1
-  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -30
+  # One OpenMP thread per worker: the CPU references and CPU tests otherwise start 16 threads in
+  # every worker and the run spends its time in oversubscribed thread pools.
+  # Tests marked `serial` compare GPU times and run alone afterwards.
+  local t0=$(date +%s) rc=0
+  OMP_NUM_THREADS=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rfEs --timeout=300 \
+    -p no:cacheprovider -n ${TEST_WORKERS:-12} --dist worksteal -m "not serial" "${@:-tests}" \
+    > "$OUT/tests.log" 2>&1 || rc=$?
+  timeout 120 python3 -m pytest -q -rfE --timeout=100 -p no:cacheprovider -m serial "${@:-tests}" \
+    > "$OUT/tests-serial.log" 2>&1 || { r=$?; [ $r -eq 5 ] || rc=$r; }  # 5: none selected
+  echo "pytest rc=$rc in $(( $(date +%s) - t0 )) s"
+  grep -hE "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" "$OUT/tests-serial.log" | tail -30
+  return $rc
+}
+run_bench() {
+  for fam in ${@:-prep verify attention kv}; do
+    case $fam in
+      e2e) python3 -m peagle bench e2e --device cuda --concurrency 1 --max-minutes 8 \
+             --out "$OUT/e2e-h200.json" > "$OUT/bench-e2e.log" 2>&1 ;;
+      *) python3 -m peagle bench ops "$fam" --out "$OUT/$fam-h200.json" > "$OUT/bench-$fam.log" 2>&1 ;;
+    esac
+    echo "bench $fam: rc=$?"; tail -25 "$OUT/bench-$fam.log"
+  done
 }
 sanitize() {
   local tag=$(echo "${*:-all}" | tr ' ' '-')
@@ -35,9 +60,12 @@ sanitize() {
   done
 }
 cmd=${1:-all}; shift || true
+t_start=$(date +%s)
 case $cmd in
   build) build ;;
-  test) build; run_tests "$@" ;;
+  test) build; run_tests "$@"; rc=$?; echo "h200.sh test: $(( $(date +%s) - t_start )) s wall (build + tests)"; exit $rc ;;
   sanitize) build; sanitize "$@" ;;
+  bench) build; run_bench "$@" ;;
   all) build; run_tests; sanitize ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|all] ..."; exit 2 ;;
 esac

@@ -177,6 +177,23 @@ def attention_cases() -> None:
         slots[3] = pb.key_cache.shape[0] * bs + 5
         ops.write_kv_cache(k, k, pb.key_cache, pb.value_cache, slots.cuda())
         torch.cuda.synchronize()
+    # Non-finite V in partly masked keys of an edge tile (the scrub and its rare path, which
+    # reuses Q's shared-memory tile): rows that do not see them stay finite.
+    for impl in impls:
+        os.environ["PEAGLE_ATTN_IMPL"] = impl if impl != "auto" else ""
+        for q_len, hq, hkv, d in [(8, 8, 2, 64), (8, 8, 2, 128), (14, 64, 8, 64)]:
+            kv = 45
+            pb = make_problem(g, [q_len], [kv], hq, hkv, d, 16, torch.float16, "cuda")
+            for key in (kv - 3, kv - 2, kv - 1):
+                blk = int(pb.block_table[0, key // 16])
+                pb.value_cache[blk, key % 16] = float("nan")
+            args = (pb.query, pb.key_cache, pb.value_cache, pb.block_table, pb.query_start_loc,
+                    pb.seq_lens)  # fmt: skip
+            for num_splits in (1, 3):
+                out = ops.paged_attention(*args, num_splits=num_splits, max_query_len=q_len)
+                torch.cuda.synchronize()
+                assert torch.isfinite(out[: q_len - 3].float()).all(), (impl, q_len, d, num_splits)
+                assert not torch.isfinite(out[q_len - 3 :].float()).all(-1).any()
     os.environ.pop("PEAGLE_ATTN_IMPL", None)
 
 

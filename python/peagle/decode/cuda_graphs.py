@@ -26,6 +26,8 @@ Set ``PEAGLE_DEBUG_CHECKS=0`` while capturing (the debug checks copy to the host
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Callable
 
 import torch
@@ -42,6 +44,20 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic GC off while capturing: a collection inside a capture that frees a dead
+    engine's CUDA graphs (engines sit in reference cycles) calls cudaGraphExecDestroy mid-capture,
+    which invalidates the capture (cudaErrorStreamCaptureInvalidated)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Replayable:
     """``fn`` captured in a CUDA graph (``capture=True``) or re-run eagerly on ``replay`` (the
     same static-buffer layout without graphs: how the CPU tests exercise the padded path)."""
@@ -52,7 +68,7 @@ class _Replayable:
         self.outputs = None
         if capture:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            with _no_cyclic_gc(), torch.cuda.graph(self.graph, pool=pool):
                 self.outputs = fn()
 
     def replay(self):
@@ -154,6 +170,7 @@ class DecodeGraphs:
         target_fn = lambda: self.target_fn(view, self.k)
         drafter_fn = lambda: self.draft_fn(view, g.target.outputs[0], g.target.outputs[2])
         if self.capture:
+            gc.collect()  # free dead engines' graphs now, not inside a capture (_no_cyclic_gc)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
