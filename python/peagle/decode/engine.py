@@ -256,11 +256,12 @@ class SpecDecoder:
             k = batch.num_drafts[i]
             a = batch.accepted[i]
             assert 0 <= a <= k, (r.request_id, a, k)
-            r.stats.record_step(k, a)
             r.rng_offset += 1
             r.prefilled = True
+            emitted = 0
             for tok in out[i, : a + 1].tolist():
                 r.output_token_ids.append(tok)
+                emitted += 1
                 if tok in r.stop_ids:
                     r.finish_reason = "stop"
                 elif (
@@ -271,6 +272,9 @@ class SpecDecoder:
                 if r.finish_reason is not None:
                     finished.append(r)
                     break
+            # Statistics count emitted tokens only (EDGE_CASES X9): a stop inside the accepted
+            # block drops the accepted drafts after it (and the bonus token).
+            r.stats.record_step(k, min(a, emitted))
         return finished
 
     def _propose(self, batch: Batch, out_tokens: torch.Tensor, aux: torch.Tensor, drafting) -> None:

@@ -52,8 +52,9 @@ class RequestStats:
 
     ``num_spec_steps`` counts verification steps that carried at least one draft;
     ``accepted_per_position[j]`` / ``drafted_per_position[j]`` is the acceptance rate of draft
-    position j. Times are seconds; drafter/target times are the wall (or CUDA-event) time of the
-    batched phases this request took part in.
+    position j. Accepted counts only drafts that were emitted: a stop token inside an accepted
+    block ends the count there (EDGE_CASES X9). Times are seconds; drafter/target times are the
+    wall (or CUDA-event) time of the batched phases this request took part in.
     """
 
     num_steps: int = 0

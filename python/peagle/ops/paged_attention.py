@@ -76,7 +76,10 @@ def paged_attention(
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
-        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks); masked
+        keys are excluded, never given a finite sentinel score, so very negative valid scores
+        stay exact (SPEC §5, EDGE_CASES X4), and identical requests give bit-identical rows at
+        any batch index (X1). Rows
         outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
         ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
         at once.
