@@ -38,7 +38,8 @@ def paged_attention(
     (bottom-right aligned causal mask; no lower bound when ``window_left < 0``). Query head ``h``
     reads KV head ``h // (Hq // Hkv)`` (GQA). Scores ``softmax_scale * q.k``, the softmax and the
     weighted sum of V run in fp32; the output is rounded to the input dtype. All rows and heads of
-    a request share one pass over its KV pages.
+    a request share one pass over its KV pages. Keys a row may not see never affect it, whatever
+    they hold (NaN/inf included); a row that sees a non-finite K/V value is not finite (SPEC §5).
 
     Parameters:
         query: ``[T, Hq, D]`` bf16/fp16 (fp32 accepted on CPU only), after RoPE; strided views
