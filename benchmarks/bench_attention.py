@@ -1,9 +1,9 @@
-"""Thin script: the benchmark is :mod:`peagle.bench.attention` (``peagle bench ops attention``).
+"""Thin script: :mod:`peagle.bench.paged_attention` (``peagle bench ops paged_attention``).
 
 python benchmarks/bench_attention.py --help
 """
 
-from peagle.bench.attention import main
+from peagle.bench.paged_attention import main
 
 if __name__ == "__main__":
     main()

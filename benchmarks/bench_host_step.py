@@ -4,12 +4,12 @@ are CPU-host numbers, not H200 numbers).
 For every (method, cuda_graphs mode, concurrency) the default pair decodes ``--requests`` random
 prompts greedily (EOS ignored) and every ``step()`` is split into:
 
-* ``model``: time inside ``target_and_verify_eager`` + ``draft_eager`` (the forwards; on the
-  graph path their emulated replays),
+* ``model``: time inside the target verifier + the proposer (the forwards; on the graph path
+  their emulated replays),
 * ``overhead`` = step wall - model: batch building, input staging, graph buffer loads, host syncs,
   output handling, block bookkeeping (what ``peagle bench e2e`` calls ``overhead_ms_per_step``),
-* ``build``: ``_build_batch`` alone (before the staging change it does not include the graph path's
-  static-buffer loads; after it does).
+* ``build``: ``InputBuilder.build`` alone (before the staging change it does not include the graph
+  path's static-buffer loads; after it does).
 
 Medians over the decode steps after a warm-up generate (prefill steps excluded: only steps where
 every running request was already prefilled count). Run it against the installed ``peagle``::
@@ -59,9 +59,14 @@ def measure(pair, method, graphs, concurrency, k, requests, new_tokens, seed=0):
         eng.graphs.capture_all()
     eng.generate(prompts[:concurrency], SamplingParams(max_new_tokens=8, ignore_eos=True))
     model, build = [0.0], [0.0]
-    _wrap(eng, "target_and_verify_eager", model)
-    _wrap(eng, "draft_eager", model)
-    _wrap(eng, "_build_batch", build)
+    _wrap(eng, "verifier", model)
+    if eng.proposer is not None:
+        _wrap(eng.proposer, "propose", model)
+    if eng.graphs is not None:
+        _wrap(eng.graphs, "target_fn", model)
+        if eng.graphs.draft_fn is not None:
+            _wrap(eng.graphs, "draft_fn", model)
+    _wrap(eng.inputs, "build", build)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     for p in prompts:
         eng.add_request(p, params)

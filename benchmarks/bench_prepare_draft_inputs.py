@@ -1,9 +1,9 @@
-"""Thin script: the benchmark is :mod:`peagle.bench.prep` (``peagle bench ops prep``).
+"""Thin script: :mod:`peagle.bench.prepare_draft_inputs` (`peagle bench ops prepare_draft_inputs`).
 
 python benchmarks/bench_prepare_draft_inputs.py --help
 """
 
-from peagle.bench.prep import main
+from peagle.bench.prepare_draft_inputs import main
 
 if __name__ == "__main__":
     main()

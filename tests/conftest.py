@@ -38,6 +38,21 @@ def gen() -> torch.Generator:
     return g
 
 
+def capture_graph(fn, warmup: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph (replay it with ``graph.replay()``), after ``warmup`` calls
+    on a side stream (lazy initialisation and allocations happen outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def poison_(t: torch.Tensor | None) -> torch.Tensor | None:
     """Fill an output buffer with a sentinel so unwritten elements are detected."""
     if t is None:

@@ -103,7 +103,11 @@ def test_help_lists_bench_and_tune():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
-@pytest.mark.parametrize("family", ["prep", "verify", "attention", "all"])
+@pytest.mark.parametrize(
+    "family",
+    ["prep", "verify", "attention", "kv", "all", "prepare_draft_inputs", "verify_chain",
+     "paged_attention", "write_kv_cache"],
+)  # fmt: skip
 def test_bench_ops_refuses_without_cuda(family, tmp_path, capsys):
     argv = ["bench", "ops", family, *([] if family == "all" else ["--out", str(tmp_path / "x")])]
     user_error(capsys, argv, match="needs a CUDA GPU")
@@ -192,7 +196,7 @@ def test_plots_skip_empty_results(tmp_path):
 
 
 def test_kv_benchmark_checks_its_peer_on_cpu():
-    from peagle.bench.kv_cache import K, KVCase
+    from peagle.bench.write_kv_cache import K, KVCase
 
     c = KVCase(b=3, hkv=2, d=8, n_sets=2, ctx=40, dtype=torch.float32, device="cpu")
     assert c.t == 3 * (K + 1) and len(set(c.slots[0].tolist())) == c.t

@@ -129,7 +129,9 @@ def test_cuda_graph_capture_survives_gc_of_dead_engines(models, monkeypatch):
     assert dead.graphs.graphs
     del dead  # garbage now, with its CUDA graphs
 
-    original = SpecDecoder.target_and_verify_eager
+    from peagle.decode.verify import TargetVerifier  # the target pass the graphs capture
+
+    original = TargetVerifier.__call__
     provoked = []
 
     def provoking(self, *args, **kw):
@@ -139,7 +141,7 @@ def test_cuda_graph_capture_survives_gc_of_dead_engines(models, monkeypatch):
                 gc.collect()
         return original(self, *args, **kw)
 
-    monkeypatch.setattr(SpecDecoder, "target_and_verify_eager", provoking)
+    monkeypatch.setattr(TargetVerifier, "__call__", provoking)
     eng = make_engine(models, "peagle", 3)
     outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=N))
     assert provoked, "no capture ran"

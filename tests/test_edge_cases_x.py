@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import poison_, requires_cuda
-from prep_inputs import make_batch
 from reference import philox as rph
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
 from reference.prepare_draft_inputs import prepare_draft_inputs_ref
@@ -23,6 +22,7 @@ from peagle import ops
 from peagle.decode import SamplingParams, SpecDecoder
 from peagle.models import TargetRunner
 from peagle.ops import VerifyOutput
+from peagle.testing import make_batch
 
 CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]  # as tests/test_paged_attention.py
 
@@ -541,8 +541,8 @@ class OracleDecoder(SpecDecoder):
 
     continuation: list[int] = []
 
-    def _draft(self, batch, out_tokens, aux, drafting):
-        super()._draft(batch, out_tokens, aux, drafting)
+    def _propose(self, batch, out_tokens, aux, drafting):
+        super()._propose(batch, out_tokens, aux, drafting)
         drafts = self._last_drafts.clone()
         k = self.num_spec_tokens
         for i, r in enumerate(batch.reqs):

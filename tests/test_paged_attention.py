@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import poison_, requires_cuda
+from conftest import capture_graph, poison_, requires_cuda
 from reference.paged_attention import assert_fa3_close, paged_attention_ref
 
 import peagle
@@ -661,14 +661,7 @@ def test_cuda_graph_replay_with_new_lengths(gen, cuda_impl):
             out=out, lse=lse,
         )  # fmt: skip
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = capture_graph(call)
     for kv_lens in ([1024, 14, 3, 700], [5, 1000, 64, 0], [14, 14, 1024, 200]):
         static.seq_lens.copy_(torch.tensor(kv_lens, dtype=torch.int32))
         static.query.copy_(torch.randn(static.query.shape, generator=gen).to(torch.bfloat16))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HAS_CUDA, poison_, requires_cuda
-from prep_inputs import make_batch
+from conftest import HAS_CUDA, capture_graph, poison_, requires_cuda
 from reference.prepare_draft_inputs import next_token_ids_ref, prepare_draft_inputs_ref
 
 import peagle
 from peagle import ops
+from peagle.testing import make_batch
 
 MASK = 999  # mask token id used by the golden examples (vLLM's test uses -2; ids here are valid)
 ROW_FIELDS = ("input_ids", "positions", "is_rejected", "is_masked", "slot_mapping")
@@ -586,11 +586,7 @@ def test_cuda_graph_replay_with_new_contents():
     static_args = [a.cuda() for a in template.positional()]
     static_kw = template.kwargs("cuda")
     out = ops.empty_draft_inputs(b_max, rows, k, "cuda", h, torch.bfloat16)
-    ops.prepare_draft_inputs(*static_args, **static_kw, out=out)  # warm-up
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.prepare_draft_inputs(*static_args, **static_kw, out=out)
+    graph = capture_graph(lambda: ops.prepare_draft_inputs(*static_args, **static_kw, out=out))
 
     for trial in range(6):
         live = b_max if trial < 3 else int(torch.randint(1, b_max, (1,), generator=g))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import poison_, requires_cuda
-from prep_inputs import make_batch
+from conftest import capture_graph, poison_, requires_cuda
 from reference.prepare_draft_inputs import prepare_draft_inputs_ref
 from test_prepare_draft_inputs import REQ_FIELDS, ROW_FIELDS, assert_matches_ref, example1_inputs
 
 from peagle import ops
+from peagle.testing import make_batch
 
 LAYOUT = torch.ops.peagle.prepare_draft_inputs_workspace_layout
 
@@ -226,11 +226,7 @@ def test_cuda_graph_replay_matches_eager(gen):
     static[8] = block_table(batch).cuda()
     kw = batch.kwargs("cuda")
     ws = make_workspace(batch, "cuda")
-    ws(*static, kw["target_hidden_states"], kw["mask_hidden"])
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ws(*static, kw["target_hidden_states"], kw["mask_hidden"])
+    graph = capture_graph(lambda: ws(*static, kw["target_hidden_states"], kw["mask_hidden"]))
     for _ in range(4):
         new = decode_batch()
         src = new.positional("cpu")

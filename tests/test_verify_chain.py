@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import poison_, requires_cuda
+from conftest import capture_graph, poison_, requires_cuda
 from reference import philox as rph
 from reference.verify_chain import kept_mask, scores, target_probs, verify_chain_reference
 
@@ -1388,14 +1388,7 @@ def test_cuda_graph_capture_and_replay():
             top_p=static["top_p"], out=out,
         )  # fmt: skip
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()  # warm-up outside the graph
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = capture_graph(call)
     for c in cases + [cases[0]]:
         for key, val in c.items():
             if isinstance(val, torch.Tensor):
@@ -1532,15 +1525,8 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(parity):
             out=out,
         )  # fmt: skip
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-        call()  # two calls per replay: the second must not see the first's counters
+    # Two calls per replay: the second must not see the first's counters.
+    graph = capture_graph(lambda: (call(), call()))
     for c in cases + cases[::-1]:
         want = run_op(c, "cuda")
         for key, val in c.items():

@@ -24,7 +24,7 @@ from peagle import ops  # noqa: E402
 
 
 def prepare_draft_inputs_cases() -> None:
-    from prep_inputs import make_batch
+    from peagle.testing import make_batch
 
     g = torch.Generator().manual_seed(5)
     cases = [

@@ -6,15 +6,10 @@ the automatic split count against fixed ones. Prints one line per (shape, splits
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from timing import bench_graph, l2_rotation_sets  # noqa: E402
-
-from peagle import ops  # noqa: E402
+from peagle import ops
+from peagle.bench.timing import bench_graph, l2_rotation_sets
 
 
 def sweep(b: int, hq: int, hkv: int, d: int, kv: int, g: torch.Generator) -> None:

@@ -7,17 +7,17 @@
 // non-decreasing or past T, negative seq_lens, a request whose ceil(kv_len / block_size) exceeds
 // the block table's width (EDGE_CASES B1), or a negative / out-of-range block id in a column the
 // request needs. Padding requests (q_len == 0) and kv_len == 0 requests never read the table.
-#include "peagle/bind/paged_attention.h"
-
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "peagle/backends.h"
+#include "peagle/torch_checks.h"
 
 namespace peagle {
 namespace {
@@ -162,16 +162,9 @@ void run_paged_attention_cpu(const PagedAttentionParams& p) {
   });
 }
 
-void paged_attention_cpu(const at::Tensor& query, const at::Tensor& key_cache,
-                         const at::Tensor& value_cache, const at::Tensor& block_table,
-                         const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                         double softmax_scale, int64_t max_query_len, const at::Tensor& out,
-                         const c10::optional<at::Tensor>& lse, int64_t window_left,
-                         const c10::optional<at::Tensor>& sinks, int64_t num_splits) {
-  auto bound =
-      bind_paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-                           softmax_scale, max_query_len, out, lse, window_left, sinks, num_splits);
-  const PagedAttentionParams& p = bound.params;
+}  // namespace
+
+void paged_attention_cpu(const PagedAttentionParams& p) {
   if (p.num_tokens == 0) return;  // B == 0 or T == 0 (EDGE_CASES B2)
   check_values(p);
   switch (p.dtype) {
@@ -185,12 +178,6 @@ void paged_attention_cpu(const at::Tensor& query, const at::Tensor& key_cache,
       run_paged_attention_cpu<c10::BFloat16>(p);
       break;
   }
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("paged_attention", &paged_attention_cpu);
 }
 
 }  // namespace peagle

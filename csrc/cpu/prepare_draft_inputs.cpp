@@ -2,12 +2,12 @@
 // It runs the same per-request plan and per-row rule as the CUDA kernel
 // (peagle/kernels/prepare_draft_inputs.h) and, unlike the CUDA path, checks input values and
 // raises on bad ones (the CUDA path cannot without a host sync; it clamps instead).
-#include "peagle/bind/prepare_draft_inputs.h"
-
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cstring>
+
+#include "peagle/backends.h"
+#include "peagle/torch_checks.h"
 
 namespace peagle {
 namespace {
@@ -108,75 +108,21 @@ void run_prepare_draft_inputs_cpu(const PrepareDraftInputsParams& p) {
   }
 }
 
-void prepare_draft_inputs_cpu(
-    const at::Tensor& target_token_ids, const at::Tensor& target_positions,
-    const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-    const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
-    const at::Tensor& backup_next_token_ids, const at::Tensor& cu_num_draft_tokens,
-    const at::Tensor& block_table, const c10::optional<at::Tensor>& target_hidden_states,
-    const c10::optional<at::Tensor>& mask_hidden, int64_t num_padding_slots_per_request,
-    int64_t mask_token_id, int64_t padding_token_id, bool shift_input_ids, int64_t block_size,
-    int64_t max_model_len, int64_t vocab_size, const at::Tensor& input_ids,
-    const at::Tensor& positions, const at::Tensor& is_rejected, const at::Tensor& is_masked,
-    const at::Tensor& token_indices_to_sample, const at::Tensor& slot_mapping,
-    const at::Tensor& new_query_start_loc, const at::Tensor& new_seq_lens,
-    const at::Tensor& next_token_ids, const at::Tensor& valid_sampled_tokens_count,
-    const c10::optional<at::Tensor>& hidden_states) {
-  auto bound = bind_prepare_draft_inputs(
-      target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
-      discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
-      target_hidden_states, mask_hidden, num_padding_slots_per_request, mask_token_id,
-      padding_token_id, shift_input_ids, block_size, max_model_len, vocab_size, input_ids,
-      positions, is_rejected, is_masked, token_indices_to_sample, slot_mapping, new_query_start_loc,
-      new_seq_lens, next_token_ids, valid_sampled_tokens_count, hidden_states);
-  run_prepare_draft_inputs_cpu(bound.params);
-}
-
-void prepare_draft_inputs_workspace_cpu(
-    const at::Tensor& target_token_ids, const at::Tensor& target_positions,
-    const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-    const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
-    const at::Tensor& backup_next_token_ids, const at::Tensor& cu_num_draft_tokens,
-    const at::Tensor& block_table, const c10::optional<at::Tensor>& target_hidden_states,
-    const c10::optional<at::Tensor>& mask_hidden, const at::Tensor& config,
-    const at::Tensor& workspace_i64, const at::Tensor& workspace_i32,
-    const at::Tensor& workspace_bool, const c10::optional<at::Tensor>& hidden_states) {
-  auto bound = bind_prepare_draft_inputs_workspace(
-      target_token_ids, target_positions, query_start_loc, seq_lens, sampled_token_ids,
-      discard_request_mask, backup_next_token_ids, cu_num_draft_tokens, block_table,
-      target_hidden_states, mask_hidden, config, workspace_i64, workspace_i32, workspace_bool,
-      hidden_states);
-  run_prepare_draft_inputs_cpu(bound.params);
-}
-
-void prepare_next_token_ids_cpu(const at::Tensor& sampled_token_ids,
-                                const at::Tensor& discard_request_mask,
-                                const at::Tensor& backup_next_token_ids, int64_t vocab_size,
-                                const at::Tensor& next_token_ids,
-                                const at::Tensor& valid_sampled_tokens_count) {
-  check_next_token_args(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size,
-                        next_token_ids, valid_sampled_tokens_count);
-  const at::Tensor sampled =
-      sampled_token_ids.stride(1) == 1 ? sampled_token_ids : sampled_token_ids.contiguous();
-  const at::Tensor discard = discard_request_mask.contiguous();
-  const at::Tensor backup = backup_next_token_ids.contiguous();
-  const int32_t* rows = sampled.data_ptr<int32_t>();
-  for (int64_t r = 0; r < sampled.size(0); ++r) {
-    int32_t next = 0, valid = 0;
-    next_token_for_request(rows + r * sampled.stride(0), static_cast<int32_t>(sampled.size(1)),
-                           discard.data_ptr<bool>()[r], backup.data_ptr<int32_t>()[r],
-                           static_cast<int32_t>(vocab_size), &next, &valid);
-    next_token_ids.data_ptr<int32_t>()[r] = next;
-    valid_sampled_tokens_count.data_ptr<int32_t>()[r] = valid;
-  }
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("prepare_draft_inputs", &prepare_draft_inputs_cpu);
-  m.impl("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace_cpu);
-  m.impl("prepare_next_token_ids", &prepare_next_token_ids_cpu);
+void prepare_draft_inputs_cpu(const PrepareDraftInputsParams& p) {
+  run_prepare_draft_inputs_cpu(p);
+}
+
+void prepare_next_token_ids_cpu(const NextTokenParams& p) {
+  for (int32_t r = 0; r < p.num_reqs; ++r) {
+    int32_t next = 0, valid = 0;
+    next_token_for_request(p.sampled_token_ids + r * p.sampled_stride, p.num_cols,
+                           p.discard_request_mask[r], p.backup_next_token_ids[r], p.vocab_size,
+                           &next, &valid);
+    p.next_token_ids[r] = next;
+    p.valid_sampled_tokens_count[r] = valid;
+  }
 }
 
 }  // namespace peagle

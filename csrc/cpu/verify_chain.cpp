@@ -2,14 +2,14 @@
 // Requests run in parallel; within a request rows are verified lazily (a row after the first
 // rejection is never read). Sums use fp64. Unlike the CUDA path it checks input values and
 // raises on bad ones.
-#include "peagle/bind/verify_chain.h"
-
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <functional>
 #include <vector>
+
+#include "peagle/backends.h"
+#include "peagle/torch_checks.h"
 
 namespace peagle {
 namespace {
@@ -253,35 +253,15 @@ void verify_request(const VerifyChainParams& p, int32_t r, RowDist& d,
   }
 }
 
-void verify_chain_cpu(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-                      const at::Tensor& cu_num_draft_tokens, const at::Tensor& temperature,
-                      const at::Tensor& seeds, const at::Tensor& offsets,
-                      const at::Tensor& output_token_ids, const at::Tensor& num_accepted,
-                      const c10::optional<at::Tensor>& top_k,
-                      const c10::optional<at::Tensor>& top_p,
-                      const c10::optional<at::Tensor>& draft_probs,
-                      const c10::optional<at::Tensor>& uniforms,
-                      const c10::optional<at::Tensor>& request_mask,
-                      const c10::optional<at::Tensor>& accepted_per_position,
-                      const c10::optional<at::Tensor>& bonus_token_ids,
-                      const c10::optional<at::Tensor>& exponentials) {
-  auto bound = bind_verify_chain(target_logits, draft_token_ids, cu_num_draft_tokens, temperature,
-                                 seeds, offsets, output_token_ids, num_accepted, top_k, top_p,
-                                 draft_probs, uniforms, request_mask, accepted_per_position,
-                                 bonus_token_ids, exponentials);
-  const VerifyChainParams& p = bound.params;
+}  // namespace
+
+void verify_chain_cpu(const VerifyChainParams& p) {
   check_values(p);
   at::parallel_for(0, p.num_reqs, 1, [&](int64_t begin, int64_t end) {
     RowDist d;
     std::vector<float> scratch;
     for (int64_t r = begin; r < end; ++r) verify_request(p, static_cast<int32_t>(r), d, scratch);
   });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("verify_chain", &verify_chain_cpu);
 }
 
 }  // namespace peagle

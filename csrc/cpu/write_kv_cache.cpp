@@ -2,12 +2,12 @@
 // slot_mapping[t] of the paged caches; PADDING_SLOT_ID (-1) rows write nothing. Unlike the CUDA
 // kernel (which skips them), this op raises on any other negative slot and on slots past the
 // cache, before writing anything.
-#include "peagle/bind/write_kv_cache.h"
-
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cstring>
+
+#include "peagle/backends.h"
+#include "peagle/torch_checks.h"
 
 namespace peagle {
 namespace {
@@ -34,10 +34,9 @@ void copy_row(const char* src, int64_t src_stride_h, char* dst, int64_t dst_stri
   }
 }
 
-void write_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                        const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
-  auto bound = bind_write_kv_cache(key, value, key_cache, value_cache, slot_mapping);
-  const WriteKvCacheParams& p = bound.params;
+}  // namespace
+
+void write_kv_cache_cpu(const WriteKvCacheParams& p) {
   if (p.num_tokens == 0) return;
   check_slots(p);
   const int64_t e = p.elem_bytes;
@@ -55,12 +54,6 @@ void write_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at
                p.vc_stride_head, p);
     }
   });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(peagle, CPU, m) {
-  m.impl("write_kv_cache", &write_kv_cache_cpu);
 }
 
 }  // namespace peagle

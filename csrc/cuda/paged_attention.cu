@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "launch.cuh"
 #include "paged_attention_device.cuh"
 #include "paged_attention_wgmma.cuh"
 #include "peagle/kernels/paged_attention.h"
@@ -744,37 +745,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // ---------------------------------------------------------------------------------------------
 // Host side: configuration, occupancy, launch
 // ---------------------------------------------------------------------------------------------
-
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PEAGLE_DISABLE_PDL");
-    return v == nullptr || v[0] == '\0' || v[0] == '0';
-  }();
-  return enabled;
-}
-
-// Launches `kernel` with programmatic stream serialization when PDL is enabled (plain launch if
-// the attribute is refused).
-template <typename Kernel>
-cudaError_t launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       const PagedAttentionParams& p, const AttnGrid& g) {
-  if (pdl_enabled()) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, p, g) == cudaSuccess) return cudaSuccess;
-    (void)cudaGetLastError();
-  }
-  kernel<<<grid, block, smem, stream>>>(p, g);
-  return cudaGetLastError();
-}
 
 // Opts the instantiation into > 48 KB of dynamic shared memory (per device, so on every launch;
 // it is a cheap host call) and reports its resident CTAs per SM (cached per instantiation).

@@ -219,17 +219,14 @@ cudaError_t launch_prepare_draft_inputs(const PrepareDraftInputsParams& p, cudaS
   return cudaGetLastError();
 }
 
-cudaError_t launch_prepare_next_token_ids(const int32_t* sampled_token_ids, int64_t sampled_stride,
-                                          int32_t num_cols, const bool* discard_request_mask,
-                                          const int32_t* backup_next_token_ids, int32_t vocab_size,
-                                          int32_t num_reqs, int32_t* next_token_ids,
-                                          int32_t* valid_sampled_tokens_count, cudaStream_t stream) {
-  if (num_reqs == 0) return cudaSuccess;
+cudaError_t launch_prepare_next_token_ids(const NextTokenParams& p, cudaStream_t stream) {
+  if (p.num_reqs == 0) return cudaSuccess;
   const int threads = 128;
-  const int blocks = (num_reqs + threads - 1) / threads;
+  const int blocks = (p.num_reqs + threads - 1) / threads;
   prepare_next_token_ids_kernel<<<blocks, threads, 0, stream>>>(
-      sampled_token_ids, sampled_stride, num_cols, discard_request_mask, backup_next_token_ids,
-      vocab_size, num_reqs, next_token_ids, valid_sampled_tokens_count);
+      p.sampled_token_ids, p.sampled_stride, p.num_cols, p.discard_request_mask,
+      p.backup_next_token_ids, p.vocab_size, p.num_reqs, p.next_token_ids,
+      p.valid_sampled_tokens_count);
   return cudaGetLastError();
 }
 

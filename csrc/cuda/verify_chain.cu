@@ -20,8 +20,10 @@
 // a fixed order (or are integer), so results are bit-identical run to run.
 #include <cstdlib>
 
+#include "launch.cuh"
 #include "verify_chain_common.cuh"
 #include "verify_chain_filter.cuh"
+#include "verify_chain_heuristics.h"
 #include "verify_chain_stats.cuh"
 
 namespace peagle {
@@ -643,47 +645,18 @@ __host__ __device__ inline size_t align_up(size_t x) {
   return (x + 255) & ~size_t(255);
 }
 
-int sm_count() {
-  static int cached[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (dev < 0 || dev >= 64) return 132;
-  if (cached[dev] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-      n = 132;
-    }
-    cached[dev] = n;
-  }
-  return cached[dev];
-}
-
-int64_t clamp_splits(int64_t want, int64_t cap) {
-  if (cap < 1) cap = 1;
-  return want < 1 ? 1 : (want > cap ? cap : want);
-}
-
 Layout plan(const VerifyChainParams& p) {
   Layout l;
+  namespace h = verify_chain_heuristics;
   const int64_t sms = sm_count();
   const int64_t rows = p.num_rows > 0 ? p.num_rows : 1;
   const int64_t reqs = p.num_reqs > 0 ? p.num_reqs : 1;
-  // row_stats / row_filter: ~8 CTAs per SM in all (two waves of 4 resident 256-thread CTAs; B=64,
-  // K=7: 3 splits of 67K logits), at least kMinStatsElems logits each (B=1: 50 splits of 4K).
-  const int64_t elems_cap =
-      (static_cast<int64_t>(p.vocab_size) + kMinStatsElems - 1) / kMinStatsElems;
-  l.nsplit = static_cast<int32_t>(clamp_splits((8 * sms + rows - 1) / rows, elems_cap));
-  // decide_sample: one wave of resident CTAs (3 per SM, __launch_bounds__), at least one
-  // inverse-CDF tile each. Its CTAs are latency chains (inputs -> acceptance chain -> tile masses
-  // -> arrival), so extra waves cost whole chains (ncu, B=64 T=0.7: 1088 CTAs in ~3 waves, 53 us).
+  l.nsplit = h::stats_splits(sms, rows, p.vocab_size, kMinStatsElems);
   l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
-  l.nsample = static_cast<int32_t>(clamp_splits((kSampleCtasPerSm * sms) / reqs, l.tiles));
+  l.nsample = h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
-  // Candidate buffers: kCandCap keys per row while R <= 4096 rows, fewer (>= kMinCandCap) beyond,
-  // so the workspace stays <= ~64 MB; a row with more candidates takes the radix fallback.
-  const int64_t fit = static_cast<int64_t>(kCandPoolBytes / sizeof(uint32_t)) / rows;
-  l.cand_cap =
-      static_cast<int32_t>(fit > kCandCap ? kCandCap : (fit < kMinCandCap ? kMinCandCap : fit));
+  l.cand_cap = h::candidate_cap(static_cast<int64_t>(kCandPoolBytes / sizeof(uint32_t)), rows,
+                                kCandCap, kMinCandCap);
   size_t off = 0;
   l.off_parts = off;
   off = align_up(off + sizeof(RowPartial) * static_cast<size_t>(rows) * l.nsplit);
@@ -705,37 +678,6 @@ Layout plan(const VerifyChainParams& p) {
   }
   l.total = off;
   return l;
-}
-
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PEAGLE_DISABLE_PDL");
-    return v == nullptr || v[0] == '\0' || v[0] == '0';
-  }();
-  return enabled;
-}
-
-// Launch as a programmatic dependent of the previous kernel on the stream; plain launch if the
-// attribute is refused or PEAGLE_DISABLE_PDL=1 (the kernels are correct either way).
-template <typename Kernel>
-cudaError_t launch_dependent(Kernel kernel, dim3 grid, cudaStream_t stream,
-                             const VerifyChainParams& p, const Workspace& ws) {
-  if (pdl_enabled()) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, p, ws) == cudaSuccess) return cudaSuccess;
-    (void)cudaGetLastError();
-  }
-  kernel<<<grid, kThreads, 0, stream>>>(p, ws);
-  return cudaGetLastError();
 }
 
 template <LogitsDtype D>
@@ -761,10 +703,12 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (l.filter) {
-    err = launch_dependent(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), stream, p, ws);
+    err = launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0, stream,
+                     p, ws);
     if (err != cudaSuccess) return err;
   }
-  return launch_dependent(decide_sample_kernel<D>, dim3(l.nsample, grid_reqs), stream, p, ws);
+  return launch_pdl(decide_sample_kernel<D>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0, stream,
+                    p, ws);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-"""Independent pure-PyTorch reference for ``peagle::verify_chain`` (SPEC.md §6 and the semantics in
-python/peagle/ops.py), written from the specification, not from the C++ kernels.
+"""Independent pure-PyTorch reference for ``peagle::verify_chain`` (SPEC.md §6, peagle's sampling
+rules in §6.9), written from the specification, not from the C++ kernels.
 
 Probabilities are float64. The only float32 step is the score ``s = logit * (1/T)``, which the
 specification fixes in float32 (so that the top-k/top-p kept sets are defined on the same

@@ -23,7 +23,7 @@ def _pyplot():
 
 def kernels_pct_of_ceiling(families: dict[str, dict], out: Path) -> Path | None:
     """Horizontal bars: peagle's CUDA-graph GB/s per case as % of the measured copy ceiling."""
-    from peagle.bench.report import case_of, mode_of
+    from peagle.bench.rows import case_of, mode_of
 
     plt = _pyplot()
     if plt is None:

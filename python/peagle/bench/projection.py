@@ -139,7 +139,7 @@ def uniform_step(
     ``context`` tokens, each verifying its last token + ``k`` drafts (the layout the engine's CUDA
     graphs run), and the KV blocks the layout needs (block 0 is the null block)."""
     from peagle.decode.blocks import blocks_for
-    from peagle.decode.engine import StepTensors
+    from peagle.decode.inputs import StepTensors
 
     dev, bs, c = torch.device(device), block_size, concurrency
     rows = k + 1

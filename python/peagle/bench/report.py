@@ -15,10 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
+from peagle.bench.rows import case_of, mode_of
+
 KERNELS_PNG = "kernels-h200.png"
 E2E_K_PNG = "e2e-tokens-per-s-vs-k.png"
 E2E_C_PNG = "e2e-speedup-vs-concurrency.png"
-MODES = ("graph", "eager", "eager-throughput")
 
 
 # PERF.md §5: FlashInfer 0.2.8, backend fa2, paged KV page 16, 14 query rows, CUDA graph, cold L2.
@@ -37,20 +38,6 @@ FLASHINFER_FA2 = {
 def load(results: Path, name: str) -> dict | None:
     p = results / f"{name}-h200.json"
     return json.loads(p.read_text()) if p.exists() else None
-
-
-def mode_of(r: dict) -> str:
-    """``graph`` / ``eager`` / ``eager-throughput``: the row's ``mode`` or its case suffix."""
-    if "mode" in r:
-        return r["mode"]
-    suffix = r["case"].rsplit(",", 1)[-1]
-    return suffix if suffix in MODES else "graph"
-
-
-def case_of(r: dict) -> str:
-    """The case without its timing-mode suffix."""
-    head, _, suffix = r["case"].rpartition(",")
-    return head if head and suffix in MODES else r["case"]
 
 
 def table(d: dict, peer: str, mode: str = "graph", pct_key: str | None = None) -> list[str]:

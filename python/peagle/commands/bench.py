@@ -14,8 +14,8 @@ Benchmarks that users can rerun (method: docs/benchmarks.md).
   ops     every op against its peer in the same run, on a CUDA GPU: prepare_draft_inputs vs a
           vLLM-style multi-op path (+ a gather floor), verify_chain vs a vLLM-style multi-op
           sampler, paged_attention vs torch SDPA / FlexAttention, write_kv_cache vs torch
-          index_copy_. Writes
-          benchmarks/results/<family>-h200.json.
+          index_copy_. Writes benchmarks/results/<short name>-h200.json (prep, verify,
+          attention, kv).
   e2e     decode with the packaged default pair: P-EAGLE vs EAGLE-3 vs no speculation per K and
           concurrency, on held-out prompts (tokens/s, TPOT, acceptance length); resumable
           chunks; --projection adds a labelled projection for a ~1B target.
@@ -23,9 +23,12 @@ Benchmarks that users can rerun (method: docs/benchmarks.md).
 
 EPILOG = """\
 examples:
-  peagle bench ops all                                   # prep, verify, attention, kv
-  peagle bench ops prep --out benchmarks/results/prep-h200.json
-  peagle bench ops attention --filter h32-8 --no-flex --out /tmp/attention.json
+  peagle bench ops all                                   # every op: prep-, verify-, attention-,
+                                                         # kv-h200.json
+  peagle bench ops prepare_draft_inputs --out benchmarks/results/prep-h200.json
+  peagle bench ops paged_attention --filter h32-8 --no-flex --out /tmp/attention.json
+  (short names: prep = prepare_draft_inputs, verify = verify_chain, attention = paged_attention,
+   kv = write_kv_cache)
   peagle bench e2e --device cuda --out benchmarks/results/e2e-h200.json --max-minutes 8.5
   peagle bench e2e --device cuda --projection --projection-only --max-minutes 8.5
   peagle bench e2e --device cpu --k 1 3 --concurrency 1 2 --num-prompts 2 \\
@@ -34,12 +37,14 @@ examples:
   peagle tune --results benchmarks/results/e2e-h200.json --concurrency 1
 """
 
+# op -> (benchmark module, short name: an alias on the command line and the result file's name).
 FAMILIES = {
-    "prep": "peagle.bench.prep",
-    "verify": "peagle.bench.verify",
-    "attention": "peagle.bench.attention",
-    "kv": "peagle.bench.kv_cache",
+    "prepare_draft_inputs": ("peagle.bench.prepare_draft_inputs", "prep"),
+    "verify_chain": ("peagle.bench.verify_chain", "verify"),
+    "paged_attention": ("peagle.bench.paged_attention", "attention"),
+    "write_kv_cache": ("peagle.bench.write_kv_cache", "kv"),
 }
+_BY_NAME = {n: f for f, (_, short) in FAMILIES.items() for n in (f, short)}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -63,10 +68,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     fam = ops.add_subparsers(dest="family", metavar="FAMILY")
     fam.required = True
-    for name, module in FAMILIES.items():
+    for name, (module, short) in FAMILIES.items():
         mod = importlib.import_module(module)
         fp = fam.add_parser(
             name,
+            aliases=[short],
             help=mod.DESCRIPTION,
             description=mod.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,7 +83,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     allp.add_argument(
         "--out-dir",
         default="benchmarks/results",
-        help="writes <family>-<gpu-tag>.json here (default: %(default)s)",
+        help="writes <short name>-<gpu-tag>.json here (prep, verify, attention, kv; default: "
+        "%(default)s)",
     )
     allp.add_argument("--gpu-tag", default="h200", help="file-name tag (default: %(default)s)")
     allp.add_argument("--no-flex", action="store_true", help="attention: skip FlexAttention")
@@ -131,15 +138,15 @@ def _require_cuda() -> None:
 def run_ops(args) -> int:
     _require_cuda()
     if args.family != "all":
-        importlib.import_module(FAMILIES[args.family]).run(args)
+        importlib.import_module(FAMILIES[_BY_NAME[args.family]][0]).run(args)
         return 0
     failed = []
-    for name, module in FAMILIES.items():
+    for name, (module, short) in FAMILIES.items():
         mod = importlib.import_module(module)
         fp = argparse.ArgumentParser()
         mod.add_arguments(fp)
-        out = str(Path(args.out_dir) / f"{name}-{args.gpu_tag}.json")
-        extra = ["--no-flex"] if name == "attention" and args.no_flex else []
+        out = str(Path(args.out_dir) / f"{short}-{args.gpu_tag}.json")
+        extra = ["--no-flex"] if name == "paged_attention" and args.no_flex else []
         print(f"=== peagle bench ops {name} -> {out}", flush=True)
         try:
             mod.run(fp.parse_args(["--out", out, *extra]))

@@ -8,6 +8,8 @@ positions they hold, and returns all of them when it finishes.
 
 from __future__ import annotations
 
+import torch
+
 from peagle.models.paged import NULL_BLOCK_ID
 
 
@@ -54,3 +56,18 @@ class BlockAllocator:
 
     def free(self, blocks: list[int]) -> None:
         self._free.extend(reversed(blocks))
+
+
+def default_num_blocks(
+    bytes_per_token: int, block_size: int, max_blocks: int, device: torch.device,
+    budget: int | None,
+) -> int:  # fmt: skip
+    """KV blocks per cache that fit ``budget`` bytes for both caches (default: 70% of the free
+    device memory on CUDA, 1 GiB on CPU), at most ``max_blocks`` and at least 2."""
+    if budget is None:
+        if device.type == "cuda":
+            budget = int(0.7 * torch.cuda.mem_get_info(device)[0])
+        else:
+            budget = 1 << 30
+    fits = budget // (bytes_per_token * block_size)
+    return int(max(2, min(max_blocks, fits)))

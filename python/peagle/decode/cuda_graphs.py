@@ -1,5 +1,8 @@
 """CUDA graphs for the decode steps of :class:`~peagle.decode.engine.SpecDecoder`.
 
+:class:`DecodeGraphs` is given the two phases as callables and the static buffers (the graph-sized
+:class:`~peagle.decode.staging.StepStaging`); it knows nothing of the engine.
+
 A step whose requests are all decoding with exactly K drafts (the steady state; prefills and
 budget-capped steps run eagerly) has a uniform layout: request i owns target rows
 ``[i*(K+1), (i+1)*(K+1))``. The batch is padded to the next capture size ``B_pad`` (powers of two
@@ -8,9 +11,9 @@ write no KV, never read the block table, emit nothing in verification and are in
 batch (SPEC §3.8, EDGE_CASES C1/D1/D2/D5), so the token count is always a multiple of ``1 + K``.
 
 Two graphs per ``B_pad``, sharing one memory pool and one set of static input buffers. The static
-input buffers ARE the engine's :class:`~peagle.decode.staging.StepStaging` device buffer: the
-engine writes a graph step's inputs, padding requests included, straight into it with its one
-upload per phase, so a replay needs no per-field copy:
+input buffers ARE that staging's device buffer: the input builder writes a graph step's inputs,
+padding requests included, straight into it with its one upload per phase, so a replay needs no
+per-field copy:
 
 * **A**: target forward + ``verify_chain`` -> ``output_token_ids``, ``num_accepted``, aux hidden.
 * **B**: ``fc`` + ``prepare_draft_inputs`` + drafter pass(es) + argmax -> drafts ``[B_pad, K]``.
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable
 
 import torch
 
-from peagle.decode.engine import StepTensors
+from peagle.decode.inputs import StepTensors
 from peagle.models.paged import NULL_BLOCK_ID
 
 
@@ -82,17 +86,31 @@ class _Graphs:
 
 
 class DecodeGraphs:
-    """Static buffers + lazily captured graphs for uniform decode steps of one engine."""
+    """Static buffers + lazily captured graphs for uniform decode steps.
 
-    def __init__(self, engine, capture: bool = True) -> None:
-        self.engine = engine
+    Args:
+        staging: the static input buffers (at least ``max_num_seqs * (K + 1)`` rows).
+        num_spec_tokens: K of the uniform layout.
+        max_num_seqs: the largest capture size.
+        target_fn: ``(t, K) -> (output_token_ids, num_accepted, aux_hidden)``, phase A.
+        draft_fn: ``(t, output_token_ids, aux_hidden) -> drafts [B, K]``, phase B (None: no
+            drafter).
+        capture: False runs the same padded layout eagerly (``cuda_graphs="emulate"``).
+    """
+
+    def __init__(
+        self, staging, num_spec_tokens: int, max_num_seqs: int, target_fn: Callable,
+        draft_fn: Callable | None, capture: bool = True,
+    ) -> None:  # fmt: skip
         self.capture = capture
-        self.k = engine.num_spec_tokens
+        self.k = num_spec_tokens
         self.rows = self.k + 1
-        self.sizes = capture_sizes(engine.max_num_seqs)
+        self.sizes = capture_sizes(max_num_seqs)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[int, _Graphs] = {}
-        self.staging = engine._staging
+        self.staging = staging
+        self.target_fn = target_fn
+        self.draft_fn = draft_fn
         if self.staging.rows < self.sizes[-1] * self.rows:
             raise ValueError("the engine's staging buffer is smaller than the graph layout")
         self.static = self._view(self.sizes[-1])
@@ -123,7 +141,7 @@ class DecodeGraphs:
     def _get(self, b_pad: int) -> _Graphs:
         if b_pad in self.graphs:
             return self.graphs[b_pad]
-        eng, view = self.engine, self._view(b_pad)
+        view = self._view(b_pad)
         # Capture with every request a padding request (inert, no KV writes) in the uniform
         # layout; a step's upload overwrites all of it (the engine captures before uploading).
         dev = view.input_ids.device
@@ -147,8 +165,10 @@ class DecodeGraphs:
         view.backup_next_token_ids.zero_()
         view.drafter_seq_lens.zero_()
         g = _Graphs()
-        target_fn = lambda: eng.target_and_verify_eager(view, self.k)
-        drafter_fn = lambda: eng.draft_eager(view, g.target.outputs[0], g.target.outputs[2])
+        # The phases are looked up at call time (a benchmark may wrap them to time emulated
+        # replays); the captured work is the same.
+        target_fn = lambda: self.target_fn(view, self.k)
+        drafter_fn = lambda: self.draft_fn(view, g.target.outputs[0], g.target.outputs[2])
         if self.capture:
             gc.collect()  # free dead engines' graphs now, not inside a capture (_no_cyclic_gc)
             side = torch.cuda.Stream()
@@ -156,11 +176,11 @@ class DecodeGraphs:
             with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up (lazy init, allocator) outside the graph
                     out, _, aux = target_fn()
-                    if eng.drafter is not None:
-                        eng.draft_eager(view, out, aux)
+                    if self.draft_fn is not None:
+                        self.draft_fn(view, out, aux)
             torch.cuda.current_stream().wait_stream(side)
         g.target = _Replayable(target_fn, self.capture, self.pool)
-        if eng.drafter is not None:
+        if self.draft_fn is not None:
             g.drafter = _Replayable(drafter_fn, self.capture, self.pool)
         self.graphs[b_pad] = g
         return g
@@ -181,7 +201,7 @@ class DecodeGraphs:
     # -- replay ---------------------------------------------------------------------------------
 
     def target_and_verify(self, batch):
-        """Replay graph A over the inputs :meth:`SpecDecoder._build_batch` uploaded; outputs of
+        """Replay graph A over the inputs :meth:`InputBuilder.build` uploaded; outputs of
         the real requests (views of the graph's output buffers)."""
         b = len(batch.reqs)
         out_tokens, num_accepted, aux = self._get(batch.b_pad).target.replay()

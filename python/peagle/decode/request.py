@@ -158,6 +158,31 @@ class Request:
     def last_token(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
+    def commit(self, row: list[int], num_drafts: int, accepted: int, max_model_len: int) -> bool:
+        """Append the step's emitted tokens (``row[: accepted + 1]`` of the verification output),
+        applying the stop conditions (EOS / stop ids, ``max_new_tokens``, ``max_model_len``;
+        nothing after a stop is emitted); returns whether the request finished."""
+        assert 0 <= accepted <= num_drafts, (self.request_id, accepted, num_drafts)
+        self.rng_offset += 1
+        self.prefilled = True
+        emitted = 0
+        for tok in row[: accepted + 1]:
+            self.output_token_ids.append(tok)
+            emitted += 1
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+            elif (
+                len(self.output_token_ids) >= self.params.max_new_tokens
+                or self.num_tokens >= max_model_len
+            ):
+                self.finish_reason = "length"
+            if self.finish_reason is not None:
+                break
+        # Statistics count emitted tokens only (EDGE_CASES X9): a stop inside the accepted
+        # block drops the accepted drafts after it (and the bonus token).
+        self.stats.record_step(num_drafts, min(accepted, emitted))
+        return self.finish_reason is not None
+
     def output(self) -> RequestOutput:
         self.stats.num_generated_tokens = len(self.output_token_ids)
         return RequestOutput(

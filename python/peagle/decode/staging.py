@@ -5,7 +5,7 @@ each to the device (then, on the CUDA-graph path, each into a static buffer) cos
 step's GPU work. :class:`StepStaging` instead keeps one byte buffer per side, sized once for
 ``rows`` target rows, ``reqs`` requests and block tables ``table_width`` wide, with a fixed
 byte offset per field. A step writes its inputs into numpy views of the host buffer and uploads
-them with ONE copy; the :class:`~peagle.decode.engine.StepTensors` of the step are views into the
+them with ONE copy; the :class:`~peagle.decode.inputs.StepTensors` of the step are views into the
 device buffer. The CUDA graphs' static input buffers are the same views (``graph_view``), so a
 graph step needs no per-field copy at all.
 
@@ -30,6 +30,8 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+
+from peagle.decode.inputs import StepTensors
 
 # (name, dtype, extent): extent "T" = rows, "B" = requests, "B1" = requests + 1, "BW" = table.
 _TARGET_FIELDS = (
@@ -132,13 +134,11 @@ class StepStaging:
     def step_view(
         self, num_tokens: int, num_reqs: int, width: int, num_logits: int, num_drafts: int,
         max_query_len: int, top_k: bool, top_p: bool, request_mask: bool,
-    ):  # fmt: skip
+    ) -> StepTensors:  # fmt: skip
         """:class:`StepTensors` over the device buffer: each field the prefix its step uses,
         ``block_table`` ``[num_reqs, width]`` contiguous (row stride ``width``). Cached per shape
         (views only: they never own memory). ``top_k`` / ``top_p`` / ``request_mask`` False give
         None for that field."""
-        from peagle.decode.engine import StepTensors
-
         key = (num_tokens, num_reqs, width, num_logits, num_drafts, max_query_len, top_k, top_p,
                request_mask)  # fmt: skip
         view = self._views.get(key)

@@ -10,6 +10,7 @@ KV cache with ``peagle.write_kv_cache`` / ``peagle.paged_attention``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +29,9 @@ from peagle.models.paged import (
     paged_attention_forward,
     rope_cos_sin,
 )
+
+# attend(layer_index, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, Hq, D]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
@@ -49,22 +53,28 @@ class DrafterAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend, layer_index: int
     ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-        o = paged_attention_forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), kv, meta, softmax_scale=self.scaling
-        )
+        o = attend(layer_index, q, k, v)
         return self.o_proj(o.reshape(t, -1))
+
+
+def paged_attend(meta: AttentionMetadata, kv: PagedKVCache, softmax_scale: float) -> AttendFn:
+    """The decode path's attention: each layer writes its K/V rows into its layer of the paged
+    cache ``kv`` and attends causally over it (``meta``: slots and the ragged layout)."""
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return paged_attention_forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), kv.layer(i), meta,
+            softmax_scale=softmax_scale,
+        )  # fmt: skip
+
+    return attend
 
 
 class DrafterLayer(nn.Module):
@@ -83,7 +93,7 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
-    def forward(self, embeds, x, residual, cos, sin, meta, kv):
+    def forward(self, embeds, x, residual, cos, sin, attend: AttendFn, layer_index: int):
         if self.first:
             e = self.input_layernorm(embeds)
             if self.norm_before_residual:
@@ -96,7 +106,7 @@ class DrafterLayer(nn.Module):
         else:
             residual = residual + x
             x = self.input_layernorm(residual)
-        x = self.self_attn(x, cos, sin, meta, kv)
+        x = self.self_attn(x, cos, sin, attend, layer_index)
         residual = residual + x
         x = self.mlp(self.post_attention_layernorm(residual))
         return x, residual
@@ -248,10 +258,14 @@ class Eagle3Drafter(nn.Module):
         self,
         input_ids: torch.Tensor,
         hidden_states: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: PagedKVCache,
+        meta: AttentionMetadata | None = None,
+        kv: PagedKVCache | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        attend: AttendFn | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drafter forward over a ragged batch (SPEC §2.2).
+        """Drafter forward over ``T`` rows (SPEC §2.2): over the paged cache (``meta``, ``kv``), or
+        under any attention rule (``positions``, ``attend``: the training mask, SPEC §8.3).
 
         Args:
             input_ids: ``[T]`` token ids (mask rows carry the mask id).
@@ -259,16 +273,22 @@ class Eagle3Drafter(nn.Module):
                 or the previous pass's pre-norm output for serial EAGLE-3 passes).
             meta: positions / slots / attention layout over the drafter's own cache.
             kv: the drafter's cache.
+            positions: ``[T]`` int64 RoPE positions (with ``attend``, instead of ``meta``).
+            attend: attention of one layer given post-RoPE q/k/v of these rows (instead of the
+                paged cache: :func:`paged_attend`).
 
         Returns:
             ``(normed, prenorm)`` ``[T, H]``: sample from ``normed`` (:meth:`compute_logits`);
             ``prenorm`` feeds the next serial pass.
         """
+        if attend is None:
+            attend = paged_attend(meta, kv, self.config.head_dim**-0.5)
+            positions = meta.positions
         embeds = self.embed_tokens(input_ids.long())
-        cos, sin = rope_cos_sin(self.rotary(), embeds, meta.positions)
+        cos, sin = rope_cos_sin(self.rotary(), embeds, positions)
         x, residual = hidden_states, None
         for i, layer in enumerate(self.decoder_layers()):
-            x, residual = layer(embeds, x, residual, cos, sin, meta, kv.layer(i))
+            x, residual = layer(embeds, x, residual, cos, sin, attend, i)
         prenorm = residual + x
         return self.norm(prenorm), prenorm
 

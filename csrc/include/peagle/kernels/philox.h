@@ -4,7 +4,7 @@
 // kernels produce bit-identical words; tests/reference/philox.py is an independent Python
 // implementation checked against Random123's known-answer vectors.
 //
-// Counter layout used by peagle (SPEC §6.6; documented in python/peagle/ops.py):
+// Counter layout used by peagle (SPEC §6.6; normative text in SPEC §6.9):
 //   key     = (lo32(seed), hi32(seed))
 //   counter = (lo32(offset), hi32(offset), index, stream)
 // A request's draws depend only on its (seed, offset) and the (index, stream) of the draw.

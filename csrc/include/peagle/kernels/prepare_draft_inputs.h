@@ -263,6 +263,22 @@ PEAGLE_HD int64_t draft_tail_start(const PrepareDraftInputsParams& p) {
 
 }  // namespace peagle
 
+namespace peagle {
+// prepare_next_token_ids (Stage A alone): [B, num_cols] sampled ids (row stride sampled_stride)
+// -> next_token_ids / valid_sampled_tokens_count per request.
+struct NextTokenParams {
+  const int32_t* sampled_token_ids = nullptr;
+  int64_t sampled_stride = 0;
+  int32_t num_cols = 0;
+  const bool* discard_request_mask = nullptr;
+  const int32_t* backup_next_token_ids = nullptr;
+  int32_t vocab_size = 0;
+  int32_t num_reqs = 0;
+  int32_t* next_token_ids = nullptr;
+  int32_t* valid_sampled_tokens_count = nullptr;
+};
+}  // namespace peagle
+
 #if defined(PEAGLE_WITH_CUDA) || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 namespace peagle {
@@ -270,10 +286,6 @@ namespace peagle {
 // (csrc/cuda/prepare_draft_inputs.cu).
 cudaError_t launch_prepare_draft_inputs(const PrepareDraftInputsParams& p, cudaStream_t stream);
 // Stage A alone: next_token_ids / valid_sampled_tokens_count.
-cudaError_t launch_prepare_next_token_ids(const int32_t* sampled_token_ids, int64_t sampled_stride,
-                                          int32_t num_cols, const bool* discard_request_mask,
-                                          const int32_t* backup_next_token_ids, int32_t vocab_size,
-                                          int32_t num_reqs, int32_t* next_token_ids,
-                                          int32_t* valid_sampled_tokens_count, cudaStream_t stream);
+cudaError_t launch_prepare_next_token_ids(const NextTokenParams& p, cudaStream_t stream);
 }  // namespace peagle
 #endif

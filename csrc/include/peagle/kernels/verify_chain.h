@@ -1,55 +1,8 @@
-// verify_chain: chain speculative verification straight from target logits (SPEC.md §6),
-// torch-free.
+// verify_chain: chain speculative verification straight from target logits, torch-free.
 //
-// Layout. Request r has n_r = cu[r] - cu[r-1] drafts (cu = cu_num_draft_tokens, inclusive,
-// cu[-1] = 0) at global draft indices [cu[r-1], cu[r]) and owns the n_r + 1 logits rows
-// [cu[r-1] + r, cu[r] + r]: its n_r draft rows, then its bonus row (R = T + B rows in all).
-//
-// Greedy requests (temperature == 0; on the device anything not > 0): accept draft j iff it equals
-// the first-index argmax of row j's logits (NaN logits count as -inf; a row with no logit above
-// -inf, e.g. all NaN, has argmax 0; several +inf: the first one); the first mismatch emits that argmax; if all are
-// accepted the argmax of the bonus row is emitted. Never divided by a temperature; top-k/top-p
-// do not apply.
-//
-// Random requests: scores s_v = logit_v * inv_t (float32, inv_t = 1.0f / temperature; NaN scores
-// count as -inf). Kept set: top-k (k = top_k[r], off if <= 0 or >= V) keeps s_v >= the k-th
-// largest score (ties at the threshold kept); then top-p (p = top_p[r], off if >= 1) keeps v iff
-// the kept mass of scores strictly greater than s_v is < p * (kept mass), which always keeps the
-// maximum. With m = max s and e_v = expf(s_v - m), p(v) = e_v / Z (Z = sum of e over the kept set)
-// for kept v, 0 otherwise. So the kept set is always {v : s_v >= tau} for one threshold tau.
-//   Accept draft x at j iff 0 <= x < V, p(x) > 0, q(x) > 0 and u_j <= p(x) / q(x) (fp64), where
-//   q(x) = draft_probs[row, x] or 1 without draft_probs, and u_j = uniforms[cu[r-1] + j] if given,
-//   else Philox (kernels/philox.h, stream 0, index j).
-//   Recovered token (first rejected position only): sampled from the weights w_v = e_v for kept
-//   v != x without draft_probs, w_v = max(p_v - q_v, 0) with them (p_v = e_v / Z in float32), by
-//   inverse-CDF sampling in vocabulary order: the first v whose cumulative weight exceeds u * W
-//   (W = sum of w, u = the request's stream-1 sampling uniform, kernels/philox.h). With
-//   `exponentials` (vLLM 0.28's exponential race and rounding): the argmax over v of
-//   r_v * (1 / E[r, v]) (float32) among r_v > 0, where r_v = p_v for kept v != x without
-//   draft_probs and max(p_v - q_v, 0) with them; no Philox draw.
-//   Bonus token (all accepted): bonus_token_ids[r] if given (greedy and random requests; the
-//   bonus row is then never read and the id is copied as is), else for random requests inverse-CDF
-//   sampling of w_v = e_v over the kept v of the bonus row with the stream-2 uniform, and for
-//   greedy ones the first-index argmax of the bonus row. Argmax ties go to the lowest index;
-//   -inf and NaN scores have weight 0; with no weight at all the first-index argmax of s is used
-//   (index 0 if no score is finite). Sampled results are always in [0, V).
-//   +inf scores (SPEC §6.7): a row whose maximum score is +inf is one-hot at its first +inf
-//   index f, whatever the other scores: a draft is accepted iff it is f (and q(f) > 0, u <= 1/q),
-//   the recovered and bonus tokens are f (not an even split over the +inf tokens, which would be
-//   the tempered limit: +inf logits are overflow or bugs, not a distribution, and the first index
-//   is the greedy tie rule, deterministic and drawless).
-//
-// Rounding (the only CPU/CUDA differences; greedy rows are exact): the CPU op sums the weights
-// e_v = expf(s_v - m) in fp64. The CUDA kernels sum 2^(s_v log2 e - m log2 e) (one FFMA + one
-// MUFU.EX2, relative error ~1e-7 per term) in fp32 for Z and for the sampling weights (cumulated
-// in fp64 per 2048-token tile, tiles in order), and in 2^-32 fixed point (integers,
-// order-independent) for top-p masses and the kept mass of filtered rows; p(x) = expf(s_x - m) / Z
-// with precise expf on both. A decision can differ only when it is within ~1e-6 (relative) of
-// flipping. Every CUDA reduction runs in a fixed order, so results are bit-identical run to run.
-//
-// Outputs are overwritten every call: output_token_ids[r] = emitted tokens then -1,
-// num_accepted[r] = accepted drafts (a real request emits num_accepted + 1 tokens),
-// accepted_per_position[r, j] = j < num_accepted[r]. request_mask[r] == False: all -1, 0, False.
+// Semantics (layout, greedy and random acceptance, filters, recovered and bonus tokens, Philox
+// streams, where CPU and CUDA may round differently, outputs): SPEC.md §6.9, normative. The
+// functions below implement them once for the CPU op and the CUDA kernels.
 #pragma once
 #include <cmath>
 #include <cstdint>

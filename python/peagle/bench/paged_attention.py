@@ -21,7 +21,7 @@ replay / N; eager otherwise, marked in ``mode``); peagle is also timed eagerly
 GB/s counts K/V bytes only (B * kv * Hkv * D * 2 B * 2); % is of the copy ceiling measured in the
 same run.
 
-    peagle bench ops attention --out benchmarks/results/attention-h200.json
+    peagle bench ops paged_attention --out benchmarks/results/attention-h200.json
     python benchmarks/bench_attention.py --out benchmarks/results/attention-h200.json
     python benchmarks/bench_attention.py --quick        # a few cases, smoke run
     python benchmarks/bench_attention.py --filter h32-8 --out ...   # one head config

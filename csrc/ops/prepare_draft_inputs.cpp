@@ -1,12 +1,15 @@
-// Tensors -> PrepareDraftInputsParams, with every shape/dtype/device check (shared by the CPU
-// implementation and the CUDA glue). Value checks that need the data live in the CPU op.
-#pragma once
+// prepare_draft_inputs, prepare_draft_inputs_workspace and prepare_next_token_ids: each op's one
+// torch-facing entry (schemas in csrc/registration.cpp). Tensors -> PrepareDraftInputsParams (or
+// NextTokenParams) with every shape/dtype/device check, then the CPU kernel
+// (csrc/cpu/prepare_draft_inputs.cpp) or the CUDA launcher
+// (csrc/cuda/prepare_draft_inputs_glue.cpp) on the params. The two draft-step ops differ only in
+// how the outputs are passed.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
 #include <vector>
 
-#include "peagle/kernels/prepare_draft_inputs.h"
+#include "peagle/backends.h"
 #include "peagle/torch_checks.h"
 
 namespace peagle {
@@ -200,7 +203,7 @@ inline void bind_draft_step(BoundPrepareDraftInputs& bound, const at::Tensor& ta
   p.vocab_size = static_cast<int32_t>(vocab_size);
 }
 
-inline BoundPrepareDraftInputs bind_prepare_draft_inputs(
+void prepare_draft_inputs(
     const at::Tensor& target_token_ids, const at::Tensor& target_positions,
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
     const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
@@ -259,13 +262,13 @@ inline BoundPrepareDraftInputs bind_prepare_draft_inputs(
   p.new_seq_lens = new_seq_lens.data_ptr<int32_t>();
   p.next_token_ids = next_token_ids.data_ptr<int32_t>();
   p.valid_sampled_tokens_count = valid_sampled_tokens_count.data_ptr<int32_t>();
-  return bound;
+  PEAGLE_RUN(prepare_draft_inputs, p, target_token_ids);
 }
 
 // The workspace form: `config` is a CPU int64 tensor [kDraftConfigSize] (DraftConfig order) and
 // the ten non-hidden outputs live in three 1-D buffers (int64, int32, bool) at the element
 // offsets of draft_workspace_layout().
-inline BoundPrepareDraftInputs bind_prepare_draft_inputs_workspace(
+void prepare_draft_inputs_workspace(
     const at::Tensor& target_token_ids, const at::Tensor& target_positions,
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
     const at::Tensor& sampled_token_ids, const at::Tensor& discard_request_mask,
@@ -323,7 +326,36 @@ inline BoundPrepareDraftInputs bind_prepare_draft_inputs_workspace(
   p.valid_sampled_tokens_count = w32 + lay.valid_sampled_tokens_count;
   p.is_rejected = wb + lay.is_rejected;
   p.is_masked = wb + lay.is_masked;
-  return bound;
+  PEAGLE_RUN(prepare_draft_inputs, p, target_token_ids);
 }
+
+// Stage A alone (SPEC §3.2).
+void prepare_next_token_ids(const at::Tensor& sampled_token_ids,
+                            const at::Tensor& discard_request_mask,
+                            const at::Tensor& backup_next_token_ids, int64_t vocab_size,
+                            const at::Tensor& next_token_ids,
+                            const at::Tensor& valid_sampled_tokens_count) {
+  check_next_token_args(sampled_token_ids, discard_request_mask, backup_next_token_ids, vocab_size,
+                        next_token_ids, valid_sampled_tokens_count);
+  const at::Tensor sampled =
+      sampled_token_ids.stride(1) == 1 ? sampled_token_ids : sampled_token_ids.contiguous();
+  const at::Tensor discard = discard_request_mask.contiguous();
+  const at::Tensor backup = backup_next_token_ids.contiguous();
+  NextTokenParams p;
+  p.sampled_token_ids = sampled.data_ptr<int32_t>();
+  p.sampled_stride = sampled.stride(0);
+  p.num_cols = static_cast<int32_t>(sampled.size(1));
+  p.discard_request_mask = discard.data_ptr<bool>();
+  p.backup_next_token_ids = backup.data_ptr<int32_t>();
+  p.vocab_size = static_cast<int32_t>(vocab_size);
+  p.num_reqs = static_cast<int32_t>(sampled.size(0));
+  p.next_token_ids = next_token_ids.data_ptr<int32_t>();
+  p.valid_sampled_tokens_count = valid_sampled_tokens_count.data_ptr<int32_t>();
+  PEAGLE_RUN(prepare_next_token_ids, p, sampled_token_ids);
+}
+
+PEAGLE_IMPL("prepare_draft_inputs", &prepare_draft_inputs);
+PEAGLE_IMPL("prepare_draft_inputs_workspace", &prepare_draft_inputs_workspace);
+PEAGLE_IMPL("prepare_next_token_ids", &prepare_next_token_ids);
 
 }  // namespace peagle

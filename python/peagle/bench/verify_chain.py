@@ -19,7 +19,7 @@ input sets to exceed the L2 several times (cold L2). Greedy outputs of the two p
 compared before timing. GB/s counts the bf16 logits bytes once; % is of a device-to-device copy
 ceiling measured in the same run (bytes read + written).
 
-    peagle bench ops verify --out benchmarks/results/verify-h200.json
+    peagle bench ops verify_chain --out benchmarks/results/verify-h200.json
     python benchmarks/bench_verify.py --out benchmarks/results/verify-h200.json
 """
 

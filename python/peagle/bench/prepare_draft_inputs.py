@@ -14,7 +14,7 @@ event pair, / N: what a decode loop sees), GB/s on the hidden-state bytes
 run, and the number of GPU kernels per step. A plain gather moving the same hidden rows
 (``index_select``) is timed as a floor. Inputs rotate through enough sets to exceed the L2.
 
-    peagle bench ops prep --out benchmarks/results/prep-h200.json
+    peagle bench ops prepare_draft_inputs --out benchmarks/results/prep-h200.json
     python benchmarks/bench_prepare_draft_inputs.py --out benchmarks/results/prep-h200.json
 """
 
@@ -26,7 +26,6 @@ import time
 import torch
 
 from peagle import ops
-from peagle.bench.prep_inputs import make_batch
 from peagle.bench.timing import (
     Results,
     bench_eager,
@@ -36,6 +35,7 @@ from peagle.bench.timing import (
     l2_rotation_sets,
     print_table,
 )
+from peagle.testing import make_batch
 
 FAMILY = "prep"
 DESCRIPTION = __doc__.split("\n")[0]

@@ -1,4 +1,8 @@
-"""Random draft-step batches for the prepare_draft_inputs tests and benchmarks."""
+"""Input builders shared by the tests and the benchmarks (shipped, like ``flashinfer.testing``).
+
+* :func:`make_batch` / :class:`DraftStepBatch`: random draft-step batches for
+  ``prepare_draft_inputs`` (tests, ``peagle bench ops prepare_draft_inputs``, tools).
+"""
 
 from __future__ import annotations
 

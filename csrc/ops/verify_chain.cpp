@@ -1,12 +1,13 @@
-// Tensors -> VerifyChainParams with every shape/dtype/device check (shared by the CPU
-// implementation and the CUDA glue). Value checks that need the data live in the CPU op.
-#pragma once
+// verify_chain: the op's one torch-facing entry (schema in csrc/registration.cpp). Tensors ->
+// VerifyChainParams with every shape/dtype/device check, then the CPU kernel
+// (csrc/cpu/verify_chain.cpp, which also checks input values) or the CUDA launcher
+// (csrc/cuda/verify_chain_glue.cpp) on the params.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
 #include <vector>
 
-#include "peagle/kernels/verify_chain.h"
+#include "peagle/backends.h"
 #include "peagle/torch_checks.h"
 
 namespace peagle {
@@ -27,16 +28,17 @@ inline LogitsDtype logits_dtype_of(at::ScalarType t) {
   }
 }
 
-inline BoundVerifyChain bind_verify_chain(
-    const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
-    const at::Tensor& cu_num_draft_tokens, const at::Tensor& temperature, const at::Tensor& seeds,
-    const at::Tensor& offsets, const at::Tensor& output_token_ids, const at::Tensor& num_accepted,
-    const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
-    const c10::optional<at::Tensor>& draft_probs, const c10::optional<at::Tensor>& uniforms,
-    const c10::optional<at::Tensor>& request_mask,
-    const c10::optional<at::Tensor>& accepted_per_position,
-    const c10::optional<at::Tensor>& bonus_token_ids,
-    const c10::optional<at::Tensor>& exponentials) {
+void verify_chain(const at::Tensor& target_logits, const at::Tensor& draft_token_ids,
+                  const at::Tensor& cu_num_draft_tokens, const at::Tensor& temperature,
+                  const at::Tensor& seeds, const at::Tensor& offsets,
+                  const at::Tensor& output_token_ids, const at::Tensor& num_accepted,
+                  const c10::optional<at::Tensor>& top_k, const c10::optional<at::Tensor>& top_p,
+                  const c10::optional<at::Tensor>& draft_probs,
+                  const c10::optional<at::Tensor>& uniforms,
+                  const c10::optional<at::Tensor>& request_mask,
+                  const c10::optional<at::Tensor>& accepted_per_position,
+                  const c10::optional<at::Tensor>& bonus_token_ids,
+                  const c10::optional<at::Tensor>& exponentials) {
   BoundVerifyChain bound;
   auto& p = bound.params;
   auto in = [&](const at::Tensor& t) -> at::Tensor {
@@ -182,7 +184,9 @@ inline BoundVerifyChain bind_verify_chain(
   p.num_accepted = num_accepted.data_ptr<int32_t>();
   p.accepted_per_position =
       accepted_per_position ? accepted_per_position->data_ptr<bool>() : nullptr;
-  return bound;
+  PEAGLE_RUN(verify_chain, p, target_logits);
 }
+
+PEAGLE_IMPL("verify_chain", &verify_chain);
 
 }  // namespace peagle

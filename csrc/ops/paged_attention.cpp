@@ -1,7 +1,8 @@
-// Tensors -> PagedAttentionParams, with every shape/dtype/device check (shared by the CPU op and
-// the CUDA glue). Value checks that need the data (query_start_loc order, block ids, capacity)
-// live in the CPU op. The caches are never copied: strided views are read through their strides.
-#pragma once
+// paged_attention: the op's one torch-facing entry (schema in csrc/registration.cpp). Tensors ->
+// PagedAttentionParams with every shape/dtype/device check, then the CPU kernel
+// (csrc/cpu/paged_attention.cpp, which also checks values: query_start_loc order, block ids,
+// capacity) or the CUDA launcher (csrc/cuda/paged_attention_glue.cpp) on the params. The caches
+// are never copied: strided views are read through their strides.
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
@@ -11,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "peagle/kernels/paged_attention.h"
+#include "peagle/backends.h"
 #include "peagle/torch_checks.h"
 
 namespace peagle {
@@ -36,12 +37,12 @@ inline AttnDtype attn_dtype(at::ScalarType t) {
   }
 }
 
-inline BoundPagedAttention bind_paged_attention(
-    const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-    const at::Tensor& block_table, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-    double softmax_scale, int64_t max_query_len, const at::Tensor& out,
-    const c10::optional<at::Tensor>& lse, int64_t window_left,
-    const c10::optional<at::Tensor>& sinks, int64_t num_splits) {
+void paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_table,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                     double softmax_scale, int64_t max_query_len, const at::Tensor& out,
+                     const c10::optional<at::Tensor>& lse, int64_t window_left,
+                     const c10::optional<at::Tensor>& sinks, int64_t num_splits) {
   BoundPagedAttention bound;
   auto& p = bound.params;
   const bool cuda = query.is_cuda();
@@ -222,7 +223,9 @@ inline BoundPagedAttention bind_paged_attention(
       static_cast<int32_t>(max_query_len < 0 || max_query_len > t ? t : max_query_len);
   p.num_splits = static_cast<int32_t>(num_splits);
   p.dtype = attn_dtype(dt);
-  return bound;
+  PEAGLE_RUN(paged_attention, p, query);
 }
+
+PEAGLE_IMPL("paged_attention", &paged_attention);
 
 }  // namespace peagle

@@ -9,7 +9,7 @@ caches, compared before timing. Timing (PERF.md §4): CUDA graphs (N calls per g
 median), inputs rotated to touch several times the L2; GB/s counts K/V bytes read + written
 (2 * T * Hkv * D * 2 B * 2); % is of the copy ceiling measured in the same run.
 
-    peagle bench ops kv --out benchmarks/results/kv-h200.json
+    peagle bench ops write_kv_cache --out benchmarks/results/kv-h200.json
 """
 
 from __future__ import annotations

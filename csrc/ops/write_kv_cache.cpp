@@ -1,12 +1,13 @@
-// Tensors -> WriteKvCacheParams, with every shape/dtype/device check (shared by the CPU op and the
-// CUDA glue). Caches are never copied: strided views (e.g. the halves of a [2, num_blocks, ...]
-// cache) are written through their strides.
-#pragma once
+// write_kv_cache: the op's one torch-facing entry (schema in csrc/registration.cpp). Tensors ->
+// WriteKvCacheParams with every shape/dtype/device check, then the CPU kernel
+// (csrc/cpu/write_kv_cache.cpp) or the CUDA launcher (csrc/cuda/write_kv_cache_glue.cpp) on the
+// params. Caches are never copied: strided views (e.g. the halves of a [2, num_blocks, ...] cache)
+// are written through their strides.
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
-#include "peagle/kernels/write_kv_cache.h"
+#include "peagle/backends.h"
 #include "peagle/torch_checks.h"
 
 namespace peagle {
@@ -16,10 +17,8 @@ struct BoundWriteKvCache {
   std::vector<at::Tensor> keep_alive;  // contiguous copy of a strided slot_mapping
 };
 
-inline BoundWriteKvCache bind_write_kv_cache(const at::Tensor& key, const at::Tensor& value,
-                                             const at::Tensor& key_cache,
-                                             const at::Tensor& value_cache,
-                                             const at::Tensor& slot_mapping) {
+void write_kv_cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                    const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
   BoundWriteKvCache bound;
   auto& p = bound.params;
   TORCH_CHECK(is_float_dtype(key.scalar_type()),
@@ -77,7 +76,9 @@ inline BoundWriteKvCache bind_write_kv_cache(const at::Tensor& key, const at::Te
   p.elem_bytes = static_cast<int32_t>(key.element_size());
   p.num_blocks = num_blocks;
   p.block_size = static_cast<int32_t>(block_size);
-  return bound;
+  PEAGLE_RUN(write_kv_cache, p, key);
 }
+
+PEAGLE_IMPL("write_kv_cache", &write_kv_cache);
 
 }  // namespace peagle

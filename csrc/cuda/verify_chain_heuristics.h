@@ -1,0 +1,42 @@
+// verify_chain's host-side launch-size rules (used by plan() in verify_chain.cu), one function
+// each with its rule and a worked example (H200: 132 SMs; V = 201088, K = 7). The measurements
+// behind them are in docs/architecture.md ("verify_chain straight from the logits").
+#pragma once
+#include <cstdint>
+
+namespace peagle {
+namespace verify_chain_heuristics {
+
+inline int64_t clamp_splits(int64_t want, int64_t cap) {
+  if (cap < 1) cap = 1;
+  return want < 1 ? 1 : (want > cap ? cap : want);
+}
+
+// row_stats / row_filter CTAs per logits row: about 8 CTAs per SM over all rows (two waves of
+// 4 resident 256-thread CTAs), at least `min_elems` logits each.
+//   B=64: R = 64 * 8 = 512 rows -> ceil(8 * 132 / 512) = 3 splits of 67K logits;
+//   B=1:  R = 8 -> ceil(1056 / 8) = 132, capped at ceil(201088 / 4096) = 50 splits of 4K.
+inline int32_t stats_splits(int64_t sms, int64_t rows, int64_t vocab, int64_t min_elems) {
+  const int64_t elems_cap = (vocab + min_elems - 1) / min_elems;
+  return static_cast<int32_t>(clamp_splits((8 * sms + rows - 1) / rows, elems_cap));
+}
+
+// decide_sample CTAs per request: one wave of resident CTAs (`ctas_per_sm`, its
+// __launch_bounds__), at least one inverse-CDF tile each (its CTAs are latency chains, so a
+// second wave costs whole chains).
+//   B=64, 3 CTAs per SM, tiles of 2048 tokens (99 tiles) -> (3 * 132) / 64 = 6 CTAs per request.
+inline int32_t sample_ctas(int64_t sms, int64_t ctas_per_sm, int64_t reqs, int64_t tiles) {
+  return static_cast<int32_t>(clamp_splits((ctas_per_sm * sms) / reqs, tiles));
+}
+
+// Candidate keys kept per row by the top-k/top-p filter: `cap` while the rows fit in a pool of
+// `pool_keys` keys, fewer beyond (at least `min_cap`), so the workspace stays bounded; a row with
+// more candidates takes the radix fallback.
+//   pool 64 MB = 16M keys: R = 512 -> 32768 per row, capped at 4096; R = 8192 -> 2048.
+inline int32_t candidate_cap(int64_t pool_keys, int64_t rows, int64_t cap, int64_t min_cap) {
+  const int64_t fit = pool_keys / rows;
+  return static_cast<int32_t>(fit > cap ? cap : (fit < min_cap ? min_cap : fit));
+}
+
+}  // namespace verify_chain_heuristics
+}  // namespace peagle
