@@ -36,6 +36,7 @@
 
 #include "launch.cuh"
 #include "paged_attention_device.cuh"
+#include "paged_attention_heuristics.h"
 #include "paged_attention_wgmma.cuh"
 #include "peagle/kernels/paged_attention.h"
 
@@ -399,7 +400,8 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
               for (int half = 0; half < 2; ++half) {
                 if (key_bits(key0, row_lo[mt][half], row_hi[mt][half]) & bad) {
 #pragma unroll
-                  for (int c = 0; c < D / 8; ++c) o[mt][c][2 * half] = o[mt][c][2 * half + 1] = kNaN;
+                  for (int c = 0; c < D / 8; ++c)
+                    o[mt][c][2 * half] = o[mt][c][2 * half + 1] = kNaN;
                 }
               }
             }
@@ -873,7 +875,7 @@ bool wgmma_compiled() {
 void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPlan& plan) {
   const char* env = std::getenv("PEAGLE_ATTN_IMPL");
   const bool has_wgmma = p.arch == 90 && wgmma_compiled();
-  plan.impl = has_wgmma && group >= 4 ? kImplWgmma : kImplMma;
+  plan.impl = paged_attention_heuristics::use_wgmma(has_wgmma, group) ? kImplWgmma : kImplMma;
   plan.block_n = 64;
   if (env == nullptr) return;
   if (std::strstr(env, "wgmma") != nullptr) {
@@ -889,23 +891,18 @@ void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPla
 }  // namespace
 
 PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
+  namespace h = paged_attention_heuristics;
   PagedAttentionPlan plan;
   const int64_t group = p.num_q_heads / p.num_kv_heads;
-  // The tile height depends on the GQA group only (never on the max_query_len hint), so a fixed
-  // num_splits gives bit-identical results for any hint: G <= 4 -> 64 packed rows (a P-EAGLE
-  // request of 14 rows x 4 heads = 56), G > 4 -> 128 (14 x 8 = 112).
-  plan.block_m = group <= 4 ? 64 : 128;
+  plan.block_m = h::tile_rows(group);
   choose_impl(p, group, plan);
-  const int64_t rows_hint = p.max_query_len > 0 ? p.max_query_len : 1;
-  const int64_t packed = group * rows_hint;
-  const int64_t q_tiles = (packed + plan.block_m - 1) / plan.block_m;
   // The 1-D grid inert_ctas + B * Hkv * q_tile_ctas * max_splits must stay below 2^31 (the bind
-  // checks B * Hkv * num_splits <= kGridLimit); extra query tiles are looped over in a CTA.
+  // checks B * Hkv * num_splits <= kGridLimit).
   const int64_t reqs_heads =
       std::max<int64_t>(1, static_cast<int64_t>(p.num_reqs) * p.num_kv_heads);
   const int64_t fixed_splits = p.num_splits > 0 ? p.num_splits : 1;
-  const int64_t max_q_ctas = std::max<int64_t>(1, kGridLimit / (reqs_heads * fixed_splits));
-  plan.q_tile_ctas = static_cast<int32_t>(q_tiles < max_q_ctas ? q_tiles : max_q_ctas);
+  plan.q_tile_ctas = h::query_tile_ctas(group, p.max_query_len, plan.block_m, reqs_heads,
+                                        fixed_splits, kGridLimit);
   if (p.num_splits > 0) {
     plan.max_splits = p.num_splits;
   } else {
@@ -917,19 +914,12 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
       per_sm =
           bf16 ? ctas_per_sm_for<__nv_bfloat16, 128>(plan) : ctas_per_sm_for<__half, 128>(plan);
     }
-    // Fill one wave of resident CTAs: splits = floor(slots / CTAs without splitting).
-    const int64_t slots = static_cast<int64_t>(p.num_sms > 0 ? p.num_sms : 132) * per_sm;
     const int64_t base = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * plan.q_tile_ctas;
-    int64_t s = base > 0 ? slots / base : 1;
-    const int64_t grid_cap = kGridLimit / (reqs_heads * plan.q_tile_ctas);
-    s = s > grid_cap ? grid_cap : s;
-    s = s < 1 ? 1 : (s > kMaxAutoSplits ? kMaxAutoSplits : s);
-    plan.max_splits = static_cast<int32_t>(s);
+    plan.max_splits = h::auto_splits(p.num_sms > 0 ? p.num_sms : kDefaultSmCount, per_sm, base,
+                                     kGridLimit / (reqs_heads * plan.q_tile_ctas), kMaxAutoSplits);
   }
   plan.needs_workspace = plan.max_splits > 1;
-  // Rows outside every request (a padded tail, B == 0): a few CTAs stride over them.
-  plan.inert_ctas =
-      static_cast<int32_t>(std::min<int64_t>(kInertCtas, std::max<int64_t>(1, p.num_tokens)));
+  plan.inert_ctas = h::inert_ctas(p.num_tokens, kInertCtas);
   plan.grid_ctas = plan.inert_ctas + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads *
                                          plan.q_tile_ctas * plan.max_splits;
   return plan;

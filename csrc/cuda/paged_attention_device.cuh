@@ -92,10 +92,11 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // mma.sync m16n8k16 (d += a (16x16, row) * b (16x8, col); fp32 accumulators) for element type
 // AB ("bf16" or "f16").
-#define PEAGLE_MMA_M16N8K16(AB)                                                             \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, " \
-               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                           \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
+#define PEAGLE_MMA_M16N8K16(AB)                                   \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB \
+               ".f32 {%0, %1, %2, %3}, "                          \
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])   \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
 // Tensor-core MMA, packing and zero for T = __nv_bfloat16 or __half.

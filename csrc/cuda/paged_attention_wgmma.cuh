@@ -104,33 +104,38 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
 #define PEAGLE_WGMMA_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define PEAGLE_WGMMA_AB_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)
 
-#define PEAGLE_WGMMA_M64N32K16(AB)                                                         \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                \
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " "                 \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "  \
-               "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                              \
-               : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3) \
-               : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
+#define PEAGLE_WGMMA_M64N32K16(AB)                                                     \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB                          \
+      " "                                                                              \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "       \
+      "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                                  \
+      : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3) \
+      : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
 
-#define PEAGLE_WGMMA_M64N64K16(AB)                                                           \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " "                   \
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
-               "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                          \
-               : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3), \
-                 PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7)  \
-               : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
+#define PEAGLE_WGMMA_M64N64K16(AB)                                                      \
+  asm volatile(                                                                         \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                      \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB                           \
+      " "                                                                               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "     \
+      "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                             \
+      : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3), \
+        PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7)  \
+      : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
 
 #define PEAGLE_WGMMA_M64N128K16(AB)                                                            \
   asm volatile(                                                                                \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." AB "." AB " "                             \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                             \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." AB "." AB                                 \
+      " "                                                                                      \
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
       "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "  \
       "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                               \
-      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                           \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                          \
       : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3),        \
         PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7),        \
         PEAGLE_WGMMA_D4(8), PEAGLE_WGMMA_D4(9), PEAGLE_WGMMA_D4(10), PEAGLE_WGMMA_D4(11),      \
@@ -139,11 +144,11 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
 
 // Expands WGMMA("bf16") or WGMMA("f16") for T; traps where wgmma does not exist.
 #if PEAGLE_ATTN_HAS_WGMMA
-#define PEAGLE_WGMMA_FOR(T, WGMMA)                \
+#define PEAGLE_WGMMA_FOR(T, WGMMA)                  \
   if constexpr (std::is_same_v<T, __nv_bfloat16>) { \
-    WGMMA("bf16");                                \
-  } else {                                        \
-    WGMMA("f16");                                 \
+    WGMMA("bf16");                                  \
+  } else {                                          \
+    WGMMA("f16");                                   \
   }
 #else
 #define PEAGLE_WGMMA_FOR(T, WGMMA) (void)d, (void)a, (void)desc_b, (void)scale_d, __trap()

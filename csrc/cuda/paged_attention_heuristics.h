@@ -1,0 +1,61 @@
+// paged_attention's host-side launch-size rules (used by plan_paged_attention in
+// paged_attention.cu), one function each with its rule and a worked example (H200: 132 SMs;
+// P-EAGLE decode with K = 7: 14 query rows per request). Torch-free. How these rules were chosen
+// (split sweeps, tile shapes, the wgmma/mma.sync crossover) is in docs/architecture.md
+// ("paged_attention") and PERF.md; the code keeps only the rules.
+#pragma once
+#include <cstdint>
+
+namespace peagle {
+namespace paged_attention_heuristics {
+
+// Packed (query row, head-in-group) rows per query tile: 64 for GQA groups G <= 4, else 128. It
+// depends on G only -- never on the max_query_len hint -- so a fixed num_splits is
+// bit-reproducible for any hint.
+//   32/8 heads: G = 4, a 14-row request packs 56 rows -> one 64-row tile;
+//   64/8 heads: G = 8 -> 112 rows -> one 128-row tile.
+inline int32_t tile_rows(int64_t group) {
+  return group <= 4 ? 64 : 128;
+}
+
+// Tensor-core path: wgmma on sm_90 (where the wgmma kernels were compiled: sm_90a) for G >= 4,
+// mma.sync otherwise (small groups leave a 64-row warpgroup tile mostly empty).
+//   32/8 and 64/8 heads on an H200 -> wgmma; 8/8 heads (G = 1) -> mma.sync; sm_100 -> mma.sync.
+inline bool use_wgmma(bool has_wgmma, int64_t group) {
+  return has_wgmma && group >= 4;
+}
+
+// CTAs along the packed-row axis per (request, KV head): the query tiles the max_query_len hint
+// implies, capped so that the 1-D grid B * Hkv * q_tile_ctas * splits stays under grid_limit
+// (extra tiles are then looped over inside a CTA).
+//   G = 8, hint 14: ceil(112 / 128) = 1; a 2000-row prefill hint with G = 8: ceil(16000 / 128) =
+//   125 CTAs.
+inline int32_t query_tile_ctas(int64_t group, int64_t rows_hint, int64_t block_m,
+                               int64_t reqs_heads, int64_t fixed_splits, int64_t grid_limit) {
+  const int64_t q_tiles = (group * (rows_hint > 0 ? rows_hint : 1) + block_m - 1) / block_m;
+  int64_t cap = grid_limit / ((reqs_heads > 0 ? reqs_heads : 1) * fixed_splits);
+  cap = cap < 1 ? 1 : cap;
+  return static_cast<int32_t>(q_tiles < cap ? q_tiles : cap);
+}
+
+// Automatic KV splits (num_splits = 0): fill ONE wave of resident CTAs, splits = floor(SMs *
+// CTAs per SM / CTAs without splitting), clamped to [1, max_auto] and to the grid limit. The
+// device then shrinks a request's splits to its KV length (at least 2 KV tiles per split).
+//   B = 1, 32/8 x 128 (2 CTAs per SM): 264 / 8 = 33 splits of a 16k-key request (~8 tiles each);
+//   B = 64: 264 / 512 = 0 -> 1 (no split, no merge kernel).
+inline int32_t auto_splits(int64_t sms, int64_t ctas_per_sm, int64_t base_ctas, int64_t grid_cap,
+                           int64_t max_auto) {
+  int64_t s = base_ctas > 0 ? (sms * ctas_per_sm) / base_ctas : 1;
+  s = s > grid_cap ? grid_cap : s;
+  s = s < 1 ? 1 : (s > max_auto ? max_auto : s);
+  return static_cast<int32_t>(s);
+}
+
+// CTAs that write the rows outside every request (a padded tail; B == 0): a few, striding.
+inline int32_t inert_ctas(int64_t num_tokens, int64_t max_ctas) {
+  const int64_t n = num_tokens > 1 ? num_tokens : 1;
+  return static_cast<int32_t>(n < max_ctas ? n : max_ctas);
+}
+
+}  // namespace paged_attention_heuristics
+}  // namespace peagle
