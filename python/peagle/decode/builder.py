@@ -28,8 +28,14 @@ class InputBuilder:
     the CUDA graphs' layout (``staging``, their static buffers); steps with more rows (prefills)
     use a second one grown on demand."""
 
-    def __init__(self, scheduler: Scheduler, num_spec_tokens: int, device: torch.device) -> None:
+    def __init__(
+        self, scheduler: Scheduler, num_spec_tokens: int, device: torch.device,
+        request_keys: bool = False,
+    ) -> None:  # fmt: skip
+        """``request_keys``: also write each request's id into ``request_keys`` (the draw keys of
+        synthetic acceptance, :mod:`~peagle.decode.synthetic`)."""
         self.scheduler = scheduler
+        self.request_keys = request_keys
         self.num_spec_tokens = num_spec_tokens
         self.block_size = scheduler.block_size
         self.max_num_seqs = scheduler.max_num_seqs
@@ -117,6 +123,10 @@ class InputBuilder:
         ):
             h[name][:b] = vals
         h["request_mask"][:b] = True
+        if self.request_keys:
+            keys = h["request_keys"]
+            keys[:b] = [r.request_id for r in reqs]
+            keys[b:nb] = 0
         staging.upload()
 
         graph = b_pad is not None

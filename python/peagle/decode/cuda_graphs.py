@@ -164,6 +164,7 @@ class DecodeGraphs:
         view.request_mask.zero_()
         view.backup_next_token_ids.zero_()
         view.drafter_seq_lens.zero_()
+        view.request_keys.zero_()
         g = _Graphs()
         # The phases are looked up at call time (a benchmark may wrap them to time emulated
         # replays); the captured work is the same.

@@ -29,6 +29,7 @@ from peagle.decode.inputs import Batch, StepTensors
 from peagle.decode.proposers import PROPOSERS
 from peagle.decode.request import Request, RequestOutput, SamplingParams
 from peagle.decode.scheduler import Scheduler
+from peagle.decode.synthetic import SyntheticAcceptance
 from peagle.decode.timing import PhaseClock
 from peagle.decode.verify import TargetVerifier
 from peagle.models.drafter import Eagle3Drafter
@@ -59,6 +60,8 @@ class SpecDecoder:
             CPU or when the target's ``cuda_graph_blocker`` names a reason, e.g. MoE experts
             that sync with the host), ``"on"``, ``"off"``, or ``"emulate"`` (the graphs' padded
             static-buffer path run eagerly, any device: for tests).
+        synthetic_acceptance: benchmarks only (default None: off): accept/reject decisions drawn
+            from per-position rates (:mod:`~peagle.decode.synthetic`); outputs are not the text.
 
     Raises:
         ValueError: unknown method, missing drafter, drafter/target mismatch, a checkpoint that
@@ -79,6 +82,7 @@ class SpecDecoder:
         kv_cache_memory: int | None = None,
         eos_token_ids: Sequence[int] = (),
         cuda_graphs: str = "auto",
+        synthetic_acceptance: SyntheticAcceptance | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -150,8 +154,10 @@ class SpecDecoder:
         self.drafter_kv = (
             None if self.drafter is None else self.drafter.make_kv_cache(num_blocks, block_size)
         )
-        self.inputs = InputBuilder(self.scheduler, self.num_spec_tokens, self.device)
-        self.verifier = TargetVerifier(target, self.target_kv)
+        self.synthetic = synthetic_acceptance if self.drafter is not None else None
+        keys = self.synthetic is not None  # synthetic draws are keyed on request ids
+        self.inputs = InputBuilder(self.scheduler, self.num_spec_tokens, self.device, keys)
+        self.verifier = TargetVerifier(target, self.target_kv, self.synthetic)
         self.proposer = None
         if self.drafter is not None:
             self.proposer = PROPOSERS[method](
@@ -193,7 +199,10 @@ class SpecDecoder:
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
     ) -> int:
         """Queue a request; returns its id. Raises ``ValueError`` on a bad prompt or K."""
-        return self.scheduler.add_request(prompt_token_ids, params)
+        rid = self.scheduler.add_request(prompt_token_ids, params)
+        if self.synthetic is not None:
+            self.scheduler.waiting[-1].stats.synthetic_acceptance = True
+        return rid
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

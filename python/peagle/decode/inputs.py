@@ -47,6 +47,8 @@ class StepTensors:
     backup_next_token_ids: torch.Tensor  # [B] int32 (each request's last known token)
     drafter_seq_lens: torch.Tensor  # [B] int32 seq_lens, 0 for requests not drafted this step
     max_query_len: int
+    # [B] int64 request ids (synthetic acceptance's draw keys; only written when it is on)
+    request_keys: torch.Tensor | None = None
 
 
 @dataclass

@@ -67,6 +67,7 @@ class RequestStats:
     drafter_time_s: float = 0.0
     wall_time_s: float = 0.0
     num_generated_tokens: int = 0
+    synthetic_acceptance: bool = False  # decisions drawn (peagle.decode.synthetic): not the text
 
     def record_step(self, num_drafts: int, num_accepted: int) -> None:
         self.num_steps += 1
@@ -99,7 +100,7 @@ class RequestStats:
         return self.num_generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "num_generated_tokens": self.num_generated_tokens,
             "acceptance_length": self.acceptance_length,
             "per_position_acceptance": self.per_position_acceptance,
@@ -111,6 +112,9 @@ class RequestStats:
             "wall_time_s": self.wall_time_s,
             "tokens_per_second": self.tokens_per_second,
         }
+        if self.synthetic_acceptance:
+            d["synthetic_acceptance"] = True
+        return d
 
 
 @dataclass

@@ -42,6 +42,7 @@ _TARGET_FIELDS = (
     ("draft_src", torch.int64, "T"),  # flat index into the previous step's drafts [B, K]
     ("seeds", torch.int64, "B"),
     ("offsets", torch.int64, "B"),
+    ("request_keys", torch.int64, "B"),  # request ids, written only for synthetic acceptance
     ("input_ids", torch.int32, "T"),
     ("query_start_loc", torch.int32, "B1"),
     ("seq_lens", torch.int32, "B"),
@@ -170,6 +171,7 @@ class StepStaging:
             backup_next_token_ids=d["backup_next_token_ids"][:b],
             drafter_seq_lens=d["drafter_seq_lens"][:b],
             max_query_len=max_query_len,
+            request_keys=d["request_keys"][:b],
         )
         self._views[key] = view
         if len(self._views) > _MAX_CACHED_VIEWS:

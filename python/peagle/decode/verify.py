@@ -3,12 +3,16 @@
 A request owns its ``k`` draft rows then its bonus row in the verified logits (a prefill owns only
 its last row and samples one token); K/V of rows past the acceptance point is simply overwritten
 by the next step (its rows start right after the last accepted token).
+
+With synthetic acceptance (:mod:`~peagle.decode.synthetic`, a benchmarking switch, off by default)
+``verify_chain`` still runs; only its accept/reject decisions are then replaced by seeded draws.
 """
 
 from __future__ import annotations
 
 from peagle import ops
 from peagle.decode.inputs import StepTensors
+from peagle.decode.synthetic import SyntheticAcceptance
 from peagle.models.paged import AttentionMetadata
 from peagle.models.target import TargetRunner
 
@@ -18,9 +22,12 @@ class TargetVerifier:
     on the device: the target forward over ``t`` (writing its K/V into ``kv_cache``) and
     verification. Graph-capturable (no host sync)."""
 
-    def __init__(self, target: TargetRunner, kv_cache) -> None:
+    def __init__(
+        self, target: TargetRunner, kv_cache, synthetic: SyntheticAcceptance | None = None
+    ) -> None:
         self.target = target
         self.kv_cache = kv_cache
+        self.synthetic = synthetic
 
     def __call__(self, t: StepTensors, max_num_drafts: int):
         meta = AttentionMetadata(
@@ -41,4 +48,10 @@ class TargetVerifier:
             request_mask=t.request_mask,
             max_num_draft_tokens=max_num_drafts,
         )
-        return out.output_token_ids, out.num_accepted, aux
+        tokens, accepted = out.output_token_ids, out.num_accepted
+        if self.synthetic is not None:
+            tokens, accepted = self.synthetic.apply(
+                logits, drafts, t.positions.index_select(0, t.draft_row_indices),
+                t.cu_num_draft_tokens, t.request_keys, t.request_mask, tokens, accepted,
+            )  # fmt: skip
+        return tokens, accepted, aux
