@@ -7,9 +7,10 @@ no data), loaded with ``Eagle3Drafter.from_pretrained(..., device="meta")``.
 
 Pinned by SPEC.md §2.4 (GPT-OSS-20B head): H = H_t = 2880, ``fc`` 8640 -> 2880, ``mask_hidden``
 [1, 1, 8640], V = 201088 with a full-vocabulary ``lm_head``, ``ptd_token_id`` 201020, 4 layers,
-llama3 RoPE. The heads' attention/MLP widths were not read (SPEC §10): the values below are
-assumptions, and the loader checks every tensor against whatever the config says. The Qwen3-Coder
-head's mask id is likewise an assumption (an id past Qwen3's special tokens).
+llama3 RoPE. The heads' attention/MLP widths were not read (SPEC §10): the values in
+``peagle.models.released_configs.head_config`` are assumptions, and the loader checks every tensor
+against whatever the config says. The Qwen3-Coder head's mask id is likewise an assumption (an id
+past Qwen3's special tokens). The published target configs live in the same module.
 """
 
 from __future__ import annotations
@@ -20,81 +21,32 @@ import pytest
 import torch
 from transformers import GptOssConfig, Qwen3MoeConfig
 
+import peagle.models.released_configs as RC
 from peagle.models import Eagle3Drafter, TargetRunner
 from peagle.models.drafter import read_safetensors_header
 from peagle.models.mxfp4 import count_parameters, plan_quantized_load
+from peagle.models.released_configs import MXFP4_QUANTIZATION, head_config
 
 GB = 1e9
 
-_GPT_OSS = dict(
-    hidden_size=2880,
-    intermediate_size=2880,
-    head_dim=64,
-    num_attention_heads=64,
-    num_key_value_heads=8,
-    num_experts_per_tok=4,
-    vocab_size=201088,
-    sliding_window=128,
-    max_position_embeddings=131072,
-    rms_norm_eps=1e-5,
-    rope_theta=150000.0,
-    rope_scaling={
-        "rope_type": "yarn",
-        "factor": 32.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 4096,
-    },
-    attention_bias=True,
-    swiglu_limit=7.0,
-    tie_word_embeddings=False,
-)
-_MXFP4 = {
-    "quant_method": "mxfp4",
-    "modules_to_not_convert": [
-        "model.layers.*.self_attn",
-        "model.layers.*.mlp.router",
-        "model.embed_tokens",
-        "lm_head",
-    ],
-}
+_MXFP4 = MXFP4_QUANTIZATION
 # Published target configs (config.json fields) and published totals (parameters; memory claims).
 TARGETS = {
     "gpt-oss-20b": dict(
         cls=GptOssConfig,
-        cfg=dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32),
+        cfg=RC.config_fields("gpt-oss-20b"),
         params=20.9e9,  # "21B parameters, 3.6B active"
         mxfp4_fits=16 * GB,  # "runs within 16 GB of memory"
     ),
     "gpt-oss-120b": dict(
         cls=GptOssConfig,
-        cfg=dict(_GPT_OSS, num_hidden_layers=36, num_local_experts=128),
+        cfg=RC.config_fields("gpt-oss-120b"),
         params=116.8e9,  # "117B parameters, 5.1B active"
         mxfp4_fits=80 * GB,  # "fits a single 80 GB GPU"
     ),
     "Qwen3-Coder-30B-A3B-Instruct": dict(
         cls=Qwen3MoeConfig,
-        cfg=dict(
-            hidden_size=2048,
-            intermediate_size=6144,
-            moe_intermediate_size=768,
-            num_hidden_layers=48,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            num_experts=128,
-            num_experts_per_tok=8,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            vocab_size=151936,
-            max_position_embeddings=262144,
-            rope_theta=10000000.0,
-            rms_norm_eps=1e-6,
-            use_sliding_window=False,
-            tie_word_embeddings=False,
-        ),
+        cfg=RC.config_fields("qwen3-coder-30b-a3b"),
         params=30.5e9,  # "30.5B parameters, 3.3B activated"
         mxfp4_fits=None,
     ),
@@ -122,39 +74,6 @@ def meta_target(name: str) -> TargetRunner:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     return TargetRunner(model)
-
-
-def head_config(h: int, v: int, mask: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "target_hidden_size": h,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 32,  # assumed
-        "num_key_value_heads": 8,  # assumed
-        "head_dim": 64,  # assumed
-        "intermediate_size": 3 * h,  # assumed
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 131072,
-        "rope_theta": 150000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 4096,
-        },
-        "attention_bias": False,
-        "mlp_bias": False,
-        "norm_before_residual": False,
-        "vocab_size": v,
-        "draft_vocab_size": v,
-        "eagle_config": {"use_aux_hidden_state": True},
-        "ptd_token_id": mask,
-        "torch_dtype": "bfloat16",
-    }
 
 
 def head_shapes(cfg: dict) -> dict[str, tuple[str, list[int]]]:

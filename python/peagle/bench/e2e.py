@@ -13,8 +13,10 @@ wall time / its output tokens, mean over requests; prefill included), ``acceptan
 (pooled: 1 + accepted drafts / verification steps that carried drafts), ``tokens_per_step`` (mean
 over requests of emitted tokens / target steps), ``steps`` (engine steps), the GPU phase times
 per step (CUDA events of the engine's target and drafter phases) and ``overhead_ms_per_step``
-(wall per step minus those phases: host work), and a hash of the output tokens (greedy outputs
-are the target's own in every method). ``none`` runs once per C (K does not apply; ``k`` = 0).
+(wall per step minus those phases: host work), ``prefill_s`` / ``decode_tokens_per_s`` (wall of
+the steps that admitted requests, and the tokens per second of the other steps), and a hash of
+the output tokens (greedy outputs are the target's own in every method). ``none`` runs once per
+C (K does not apply; ``k`` = 0).
 
 Results are keyed per config and written after every config (atomic rename): a rerun skips
 finished configs and merges. With ``--max-minutes`` the run stops before a config that would end
@@ -39,6 +41,13 @@ import torch
 from peagle.errors import UserError, check_device
 
 EXIT_MORE_WORK = 75
+RELEASED_SHAPES = (
+    "gpt-oss-20b",
+    "qwen3-coder-30b-a3b",
+    "gpt-oss-20b-tiny",
+    "qwen3-coder-30b-a3b-tiny",
+)  # peagle.bench.released.shape_choices()
+TABLE_NAMES = ("paper", "vllm-pr32628", "default-pair")  # peagle.bench.acceptance_tables.TABLES
 METHODS = ("peagle", "eagle3", "none")
 DEFAULT_KS = (1, 3, 5, 7, 10)
 DEFAULT_CONCURRENCY = (1, 16, 64)
@@ -130,9 +139,10 @@ def outputs_digest(token_lists: list[list[int]]) -> str:
 
 def run_config(
     target, drafter, method: str, k: int, concurrency: int, prompts: list[list[int]],
-    max_new_tokens: int, cuda_graphs: str = "auto",
+    max_new_tokens: int, cuda_graphs: str = "auto", synthetic=None,
 ) -> dict:  # fmt: skip
-    """Measure one config (see the module docstring); returns its row."""
+    """Measure one config (see the module docstring); returns its row. ``synthetic``: a
+    :class:`~peagle.decode.synthetic.SyntheticAcceptance` (drawn decisions; benchmarks only)."""
     from peagle.decode import SamplingParams, SpecDecoder
 
     device = target.device
@@ -144,6 +154,7 @@ def run_config(
         max_num_seqs=concurrency,
         max_model_len=max(len(p) for p in prompts) + max_new_tokens + 1,
         cuda_graphs=cuda_graphs,
+        synthetic_acceptance=synthetic,
     )
     if engine.graphs is not None:
         engine.graphs.capture_all()
@@ -154,10 +165,14 @@ def run_config(
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     t0 = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
-    done, steps = {}, 0
+    done, steps, prefill_s, prefill_steps = {}, 0, 0.0, 0
     while engine.has_unfinished():
+        waiting, t1 = len(engine.waiting), time.perf_counter()
         for out in engine.step():
             done[out.request_id] = out
+        if len(engine.waiting) < waiting:  # admitted requests prefilled in this step
+            prefill_s += time.perf_counter() - t1
+            prefill_steps += 1
         steps += 1
     _sync(device)
     wall = time.perf_counter() - t0
@@ -196,6 +211,11 @@ def run_config(
             statistics.mean(s.num_generated_tokens / s.num_steps for s in st), 4
         ),
         "steps": steps,
+        "prefill_steps": prefill_steps,
+        "prefill_s": round(prefill_s, 4),
+        # one token per request from its prefill step; the rest from decode steps (exact when no
+        # step mixes a prefill with decodes: all requests admitted at once, or one at a time)
+        "decode_tokens_per_s": round((tokens - len(outs)) / max(wall - prefill_s, 1e-9), 2),
         "per_position_acceptance": per_pos,
         "target_ms_per_step": round(target_ms, 4),
         "drafter_ms_per_step": round(drafter_ms, 4),
@@ -218,15 +238,26 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="results JSON, merged with and resumed from (default: %(default)s)",
     )
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument(
+        "--synthetic-acceptance",
+        default=None,
+        choices=list(TABLE_NAMES),
+        help="with a released --projection-shape: draw accept/reject decisions from this rate "
+        "table (peagle.bench.acceptance_tables; outputs are not the model's text)",
+    )
     ap.add_argument("--k", nargs="+", type=int, default=list(DEFAULT_KS), help="K values")
     ap.add_argument(
         "--concurrency",
         nargs="+",
         type=int,
-        default=list(DEFAULT_CONCURRENCY),
-        help="requests decoded together (the engine's max_num_seqs)",
+        default=None,
+        help="requests decoded together (the engine's max_num_seqs; default 1 16 64, released "
+        "shapes 1 8 64)",
     )
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request")
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=None, help="tokens per request (default 128, "
+        "released shapes 256)",
+    )  # fmt: skip
     ap.add_argument(
         "--num-prompts",
         type=int,
@@ -257,8 +288,26 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--projection-shape",
         default="1b",
-        choices=("1b", "tiny"),
-        help="1b: Llama-3.2-1B shape (default); tiny: hidden 128 (CPU tests)",
+        choices=("1b", "tiny", *RELEASED_SHAPES),
+        help="1b: Llama-3.2-1B shape (default); tiny: hidden 128 (CPU tests); gpt-oss-20b / "
+        "qwen3-coder-30b-a3b: the released heads' targets at full size, random weights, decoded "
+        "end to end with --synthetic-acceptance (peagle.bench.released; -tiny: the same shrunk)",
+    )
+    ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 8192],
+                    help="released shapes: prompt tokens per request")  # fmt: skip
+    ap.add_argument("--num-requests", type=int, default=8,
+                    help="released shapes: requests per config (at least 8 and C)")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0, help="synthetic acceptance's seed")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="released shapes: print the configs and estimated memory, run nothing",
+    )
+    ap.add_argument(
+        "--assume-step-ms",
+        type=float,
+        default=None,
+        help="--dry-run: minutes per config at this assumed ms per engine step",
     )
     ap.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly")
 
@@ -345,6 +394,10 @@ def run(args: argparse.Namespace) -> int:
 
     budget = Budget(args.max_minutes * 60 if args.max_minutes > 0 else float("inf"),
                     args.max_configs)  # fmt: skip
+    if args.projection_shape in RELEASED_SHAPES:
+        return run_released(args, budget)
+    args.concurrency = args.concurrency or list(DEFAULT_CONCURRENCY)
+    args.max_new_tokens = args.max_new_tokens or 128
     device = torch.device(check_device("--device", args.device))
     if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
         raise UserError("bench e2e", "--k and --concurrency values must be >= 1")
@@ -399,6 +452,42 @@ def run(args: argparse.Namespace) -> int:
         print_tables(res.data)
     print(f"wrote {res.path}")
     return 0
+
+
+def run_released(args: argparse.Namespace, budget: Budget) -> int:
+    """``--projection-shape gpt-oss-20b|qwen3-coder-30b-a3b[-tiny]`` (:mod:`.released`)."""
+    from peagle.bench import released as R
+    from peagle.bench.acceptance_tables import get_table
+
+    args.concurrency = args.concurrency or list(R.CONCURRENCY)
+    args.max_new_tokens = args.max_new_tokens or R.NEW_TOKENS
+    if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
+        raise UserError("bench e2e", "--k and --concurrency values must be >= 1")
+    if args.synthetic_acceptance is None:
+        raise UserError("bench e2e", f"--projection-shape {args.projection_shape} has random "
+                        "weights: give --synthetic-acceptance TABLE")  # fmt: skip
+    name, tiny = R.split_shape(args.projection_shape)
+    configs = R.plan(args.methods, args.k, args.concurrency, args.contexts)
+    if args.dry_run:
+        table = get_table(args.synthetic_acceptance)
+        al = lambda m, k: table.synthetic(m).expected_acceptance_length(k)  # noqa: E731
+        p = R.dry_run(name, tiny, configs, args.max_new_tokens, al, args.assume_step_ms)
+        R.print_dry_run(p, None if tiny else R.fits(name))
+        return 0
+    device = torch.device(check_device("--device", args.device))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    settings = {
+        "device": device.type, "dtype": str(dtype).removeprefix("torch."),
+        "max_new_tokens": args.max_new_tokens, "greedy": True, "ignore_eos": True,
+        "cuda_graphs": not args.no_cuda_graphs, "projection_shape": args.projection_shape,
+        "synthetic_acceptance": args.synthetic_acceptance, "seed": args.seed,
+        "num_requests": max(args.num_requests, R.MIN_REQUESTS),
+    }  # fmt: skip
+    res = ResultsFile(args.out, settings)
+    done = R.run(args, res, device, budget, run_config)
+    res.write()
+    print(f"wrote {res.path}")
+    return 0 if done else EXIT_MORE_WORK
 
 
 def run_projection(args, res: ResultsFile, todo, device, budget: Budget) -> bool:
