@@ -88,6 +88,9 @@ def test_released_tiny_shapes_decode_with_synthetic_acceptance(tmp_path, capsys,
         for f in ("target_ms_per_step", "drafter_ms_per_step", "overhead_ms_per_step",
                   "tokens_per_s", "tpot_ms", "decode_tokens_per_s"):  # fmt: skip
             assert r[f] >= 0, (key, f)
+        bd = r["breakdown"]
+        assert {"target_pass_ms", "verify_ms", "drafter_ms", "host_ms"} <= set(bd)
+        assert (bd["drafter_ms"] == 0) == (r["method"] == "none")
     pe = rows["peagle,K=2,C=2,ctx=24"]
     assert pe["rates"] == list(A.get_table("vllm-pr32628").rates["peagle"][:2])
     floor = data["floor"]

@@ -14,6 +14,11 @@ config; the goal configs (concurrency 1, context 1k) run first; the results file
 every config. GPT-OSS experts are random bf16 (transformers' MXFP4 path fetches its kernels from
 the Hub at load time: not offline); gpt-oss-120b does not fit one H200 in bf16 (:func:`fits`).
 
+Per config, besides the end-to-end numbers (whose ``target_ms_per_step`` / ``drafter_ms_per_step``
+are the engine's two phases and ``overhead_ms_per_step`` the host), ``breakdown`` times one steady
+step's phases one by one (:func:`step_breakdown`): target pass, verify (``verify_chain`` + the
+synthetic override), drafter (``fc`` + ``prepare_draft_inputs`` + drafter passes), host.
+
 Random routers spread tokens over experts more evenly than trained ones: a verify pass of random
 tokens touches more experts (reads more weight bytes) than a trained model's would. Every MoE row
 says so (``"routing"``).
@@ -236,6 +241,44 @@ def weight_floor(target, drafter, method, k: int, context: int, gbps: float) -> 
     }  # fmt: skip
 
 
+def step_breakdown(target, drafter, method: str, k: int, c: int, context: int,
+                   synthetic=None) -> dict:  # fmt: skip
+    """One steady decode step of (method, K, C, context), its phases timed one by one (CUDA
+    graphs on a GPU): ``target_pass_ms`` (target forward over the K+1 rows per request),
+    ``verify_ms`` (``verify_chain`` on that step's logits shape, plus the synthetic override),
+    ``drafter_ms`` (``fc`` + ``prepare_draft_inputs`` + the drafter pass(es) + argmax)."""
+    from peagle import ops
+    from peagle.bench import projection as P
+
+    k_eff = 0 if method == "none" else k
+    replays = 20 if target.device.type == "cuda" else 2
+    shape = P.ProjectionShape(context=context)
+    timing = P.time_passes(target, drafter, method, max(k, 1), c, shape, replays=replays)
+    dev, b = target.device, c
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(b * (k_eff + 1), target.vocab_size, generator=g).to(dev, target.dtype)
+    drafts = torch.randint(0, target.vocab_size, (b * k_eff,), generator=g, dtype=torch.int32)
+    drafts = drafts.to(dev)
+    cu = (torch.arange(1, b + 1, dtype=torch.int32) * k_eff).to(dev)
+    zeros = torch.zeros(b, dtype=torch.int64, device=dev)
+    temp = torch.zeros(b, device=dev)
+    keys = torch.arange(b, dtype=torch.int64, device=dev)
+    dpos = torch.arange(b * k_eff, dtype=torch.int64, device=dev) + context
+
+    def verify():
+        out = ops.verify_chain(logits, drafts, cu, temp, zeros, zeros, max_num_draft_tokens=k_eff)
+        if synthetic is not None:
+            synthetic.apply(logits, drafts, dpos, cu, keys, None, out.output_token_ids,
+                            out.num_accepted)  # fmt: skip
+        return out
+
+    with torch.inference_mode():
+        t_verify = P.time_fn(verify, dev, replays)
+    return {"target_pass_ms": round(max(timing["t_verify_ms"] - t_verify, 0.0), 4),
+            "verify_ms": round(t_verify, 4), "drafter_ms": round(timing["t_draft_ms"], 4),
+            "target_and_verify_ms": timing["t_verify_ms"]}  # fmt: skip
+
+
 def fits(name: str, memory_bytes: float = 139 * 2**30) -> tuple[bool, str]:
     """Whether target ``name`` fits one GPU of ``memory_bytes`` in bf16 (random weights), and
     why (not)."""
@@ -378,7 +421,10 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
         row = run_config(target, drafter, m, k, c, prompts, args.max_new_tokens, graphs,
                          synthetic=syn)  # fmt: skip
         per_tok = target.kv_bytes_per_token() + (drafter.kv_bytes_per_token() if drafter else 0)
+        bd = step_breakdown(target, drafter, m, k, c, ctx, syn)
+        bd["host_ms"] = row["overhead_ms_per_step"]  # the e2e run's wall minus its GPU phases
         row.update(
+            breakdown=bd,
             context=ctx, commit=git_commit(), synthetic_acceptance=syn is not None,
             acceptance_table=table.name,
             rates=None if syn is None else syn.rates_for(max(k, 1)),
