@@ -210,9 +210,9 @@ def record_routing(target, fn) -> list[torch.Tensor]:
 
 
 def weight_floor(target, drafter, method, k: int, context: int, gbps: float) -> dict:
-    """One steady step at concurrency 1: the target pass (+ verify_chain) over K+1 rows timed
-    (CUDA graph on a GPU), against the bytes it must stream over ``gbps`` (the run's measured
-    copy bandwidth, bytes read + written per second)."""
+    """One steady step at concurrency 1 (run before the grid): the target pass (+ verify_chain)
+    over K+1 rows timed (CUDA graph on a GPU), against the bytes it must stream over ``gbps``
+    (the run's measured copy bandwidth, bytes read + written per second)."""
     from peagle.bench import projection as P
 
     k_eff = 0 if method == "none" else k
@@ -329,7 +329,8 @@ def dry_run(name: str, tiny: bool, configs, new_tokens: int, rates_al=None, step
         row = {"key": config_key(m, k, c, ctx), "requests": n_req,
                "weights_gib": round((w_target + (weight_bytes(head) if head else 0)) / 2**30, 2),
                "kv_gib": round(kv_bytes(per_tok, c, ctx, new_tokens, k) / 2**30, 3),
-               "expected_al": round(al, 3), "steps": steps}  # fmt: skip
+               "expected_al": round(al, 3), "steps": steps,
+               "prefill_tokens": min(c, n_req) * ctx}  # fmt: skip
         if step_ms is not None:
             row["minutes_at_step_ms"] = round(steps * step_ms / 6e4, 2)
         rows.append(row)
@@ -344,11 +345,12 @@ def print_dry_run(plan_: dict, fit: tuple[bool, str] | None = None) -> None:
     if fit is not None:
         print(("fits: " if fit[0] else "does NOT fit: ") + fit[1])
     cols = ["key", "requests", "weights_gib", "kv_gib", "expected_al", "steps",
-            "minutes_at_step_ms"]  # fmt: skip
+            "prefill_tokens", "minutes_at_step_ms"]  # fmt: skip
     cols = [c for c in cols if c in plan_["configs"][0]]
-    print("  ".join(f"{c:>18s}" if c != "key" else f"{c:28s}" for c in cols))
+    print(" ".join(f"{c:>14s}" if c != "key" else f"{c:26s}" for c in cols))
     for r in plan_["configs"]:
-        print("  ".join(f"{r[c]!s:>18s}" if c != "key" else f"{r[c]:28s}" for c in cols))
+        print(" ".join(f"{r[c]!s:>14s}" if c != "key" else f"{r[c]:26s}" for c in cols))
+    print("prefill_tokens: one step prefills every admitted prompt at once (no chunked prefill)")
     total = sum(r.get("minutes_at_step_ms", 0) for r in plan_["configs"])
     if total:
         print(f"total at the assumed step time: {total:.1f} min (+ model build and graph capture)")
@@ -405,6 +407,12 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
                                                for m, h in heads.items()},
                           "build_s": round(build_s, 2), **_memory(device)}  # fmt: skip
     res.write()
+    if floor_todo:  # first: a few seconds, and part of the goal configs
+        gbps = copy_ceiling_gbps() if device.type == "cuda" else 0.0
+        fl = res.data.setdefault("floor", {})
+        for m, k in floor_todo:
+            fl[f"{m},K={k}"] = weight_floor(target, heads.get(m), m, k, args.contexts[0], gbps)
+            res.write()
     graphs = "off" if args.no_cuda_graphs else "auto"
     for i, (m, k, c, ctx) in enumerate(todo):
         if budget.expired():
@@ -444,10 +452,4 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if floor_todo:
-        gbps = copy_ceiling_gbps() if device.type == "cuda" else 0.0
-        fl = res.data.setdefault("floor", {})
-        for m, k in floor_todo:
-            fl[f"{m},K={k}"] = weight_floor(target, heads.get(m), m, k, args.contexts[0], gbps)
-            res.write()
     return True
