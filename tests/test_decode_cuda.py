@@ -146,3 +146,28 @@ def test_cuda_graph_capture_survives_gc_of_dead_engines(models, monkeypatch):
     outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=N))
     assert provoked, "no capture ran"
     assert eng.graphs.graphs and all(len(o.token_ids) == N for o in outs)
+
+
+@pytest.mark.parametrize("rates", [[1.0], [0.0], [0.8, 0.5, 0.3]])
+def test_synthetic_acceptance_in_cuda_graphs_matches_eager(models, rates):
+    """Synthetic acceptance inside the captured graph A draws what the eager step draws (the
+    decisions are hashed from request id and position, not from a generator state)."""
+    from peagle.decode.synthetic import SyntheticAcceptance
+
+    model, g, low = models
+    runner = TargetRunner(low)
+    d = make_drafter(model, g).to(DEVICE, torch.bfloat16)
+    runs = {}
+    for graphs in ("on", "off"):
+        eng = SpecDecoder(runner, d, method="peagle", num_speculative_tokens=3, max_num_seqs=4,
+                          cuda_graphs=graphs,
+                          synthetic_acceptance=SyntheticAcceptance(rates, seed=5))  # fmt: skip
+        outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=N))
+        runs[graphs] = [o.stats.accepted_per_position for o in outs]
+        if graphs == "on":
+            assert eng.graphs is not None and eng.graphs.graphs
+        if rates == [1.0]:
+            assert all(o.stats.acceptance_length == 4.0 for o in outs)
+        if rates == [0.0]:
+            assert all(o.stats.num_accepted_tokens == 0 for o in outs)
+    assert runs["on"] == runs["off"]

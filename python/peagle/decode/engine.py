@@ -158,6 +158,8 @@ class SpecDecoder:
         keys = self.synthetic is not None  # synthetic draws are keyed on request ids
         self.inputs = InputBuilder(self.scheduler, self.num_spec_tokens, self.device, keys)
         self.verifier = TargetVerifier(target, self.target_kv, self.synthetic)
+        if self.synthetic is not None:
+            self.synthetic.rate_tensor(self.num_spec_tokens, self.device)  # now, not in a capture
         self.proposer = None
         if self.drafter is not None:
             self.proposer = PROPOSERS[method](
@@ -200,8 +202,7 @@ class SpecDecoder:
     ) -> int:
         """Queue a request; returns its id. Raises ``ValueError`` on a bad prompt or K."""
         rid = self.scheduler.add_request(prompt_token_ids, params)
-        if self.synthetic is not None:
-            self.scheduler.waiting[-1].stats.synthetic_acceptance = True
+        self.scheduler.waiting[-1].stats.synthetic_acceptance = self.synthetic is not None
         return rid
 
     def has_unfinished(self) -> bool:

@@ -100,7 +100,8 @@ class SyntheticAcceptance:
             d["rates_used"] = self.rates_for(k)
         return d
 
-    def _rate_tensor(self, k: int, device: torch.device) -> torch.Tensor:
+    def rate_tensor(self, k: int, device: torch.device) -> torch.Tensor:
+        """``r_1..r_k`` on ``device`` (cached; the engine builds it before any graph capture)."""
         key = (k, str(device))
         t = self._cache.get(key)
         if t is None:
@@ -122,12 +123,14 @@ class SyntheticAcceptance:
         """``verify_chain``'s ``(output_token_ids [B, K+1], num_accepted [B])`` with the
         decisions drawn (see the module docstring). ``logits`` ``[R, V]``: each request's draft
         rows then its bonus row; ``drafts`` / ``draft_positions`` ``[T_d]``; ``request_keys``
-        ``[B]`` int64. No host sync."""
+        ``[B]`` int64 (None: ``0..B-1``). No host sync."""
         b, width = output_token_ids.shape
         k = width - 1
         if k == 0 or drafts.numel() == 0:
             return output_token_ids, num_accepted
         dev = drafts.device
+        if request_keys is None:
+            request_keys = torch.arange(b, dtype=torch.int64, device=dev)
         cu = cu_num_draft_tokens.to(torch.int64)
         n = cu - torch.cat([cu.new_zeros(1), cu[:-1]])  # drafts per request
         start = cu - n
@@ -136,8 +139,8 @@ class SyntheticAcceptance:
         idx = (start[:, None] + j[None, :]).clamp(0, drafts.numel() - 1)
         d = drafts.to(torch.int64)[idx]
         u = uniforms(self.seed, request_keys[:, None].expand(b, k), draft_positions[idx])
-        accept = (u < self._rate_tensor(k, dev)[None, :]) & valid
-        a = accept.to(torch.int32).cumprod(1).sum(1)  # [B] accepted drafts
+        accept = (u < self.rate_tensor(k, dev)[None, :]) & valid
+        a = ((~accept).to(torch.int32).cumsum(1) == 0).sum(1)  # [B] leading accepted drafts
         # The target's own token at row a of the request (its rows start at start + b).
         row = start + torch.arange(b, device=dev) + a
         own = logits.index_select(0, row).argmax(-1)
