@@ -429,6 +429,11 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
         row = run_config(target, drafter, m, k, c, prompts, args.max_new_tokens, graphs,
                          synthetic=syn)  # fmt: skip
         per_tok = target.kv_bytes_per_token() + (drafter.kv_bytes_per_token() if drafter else 0)
+        kv_gib = round(kv_bytes(per_tok, c, ctx, args.max_new_tokens, k) / 2**30, 3)
+        mem = {"kv_gib": kv_gib, **_memory(device)}  # the e2e run's, before the breakdown's
+        if "peak_gib" in mem:  # activations, logits, graph pools, allocator slack
+            w = weight_bytes(target.model) + (weight_bytes(drafter) if drafter else 0)
+            mem["workspace_gib"] = round(mem["peak_gib"] - w / 2**30 - kv_gib, 3)
         bd = step_breakdown(target, drafter, m, k, c, ctx, syn)
         bd["host_ms"] = row["overhead_ms_per_step"]  # the e2e run's wall minus its GPU phases
         row.update(
@@ -439,8 +444,7 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
             expected_acceptance_length=1.0 if syn is None else round(
                 syn.expected_acceptance_length(k), 4),
             routing=ROUTING_NOTE,
-            memory={"kv_gib": round(kv_bytes(per_tok, c, ctx, args.max_new_tokens, k) / 2**30, 3),
-                    **_memory(device)},
+            memory=mem,
             outputs_are_model_text=False,
         )  # fmt: skip
         res.configs[config_key(m, k, c, ctx)] = row
