@@ -434,6 +434,9 @@ def run(args, res, device: torch.device, budget, run_config) -> bool:
         if "peak_gib" in mem:  # activations, logits, graph pools, allocator slack
             w = weight_bytes(target.model) + (weight_bytes(drafter) if drafter else 0)
             mem["workspace_gib"] = round(mem["peak_gib"] - w / 2**30 - kv_gib, 3)
+        gc.collect()  # free the e2e engine (a reference cycle) before the breakdown's KV cache
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         bd = step_breakdown(target, drafter, m, k, c, ctx, syn)
         bd["host_ms"] = row["overhead_ms_per_step"]  # the e2e run's wall minus its GPU phases
         row.update(
