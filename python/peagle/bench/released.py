@@ -256,7 +256,7 @@ def step_breakdown(target, drafter, method: str, k: int, c: int, context: int,
     timing = P.time_passes(target, drafter, method, max(k, 1), c, shape, replays=replays)
     dev, b = target.device, c
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(b * (k_eff + 1), target.vocab_size, generator=g).to(dev, target.dtype)
+    logits = torch.randn(b * (k_eff + 1), target.vocab_size, device=dev, dtype=target.dtype)
     drafts = torch.randint(0, target.vocab_size, (b * k_eff,), generator=g, dtype=torch.int32)
     drafts = drafts.to(dev)
     cu = (torch.arange(1, b + 1, dtype=torch.int32) * k_eff).to(dev)
