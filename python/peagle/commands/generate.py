@@ -22,7 +22,7 @@ Greedy output (--temperature 0) is the target model's own greedy output with eve
 Speculation pays only when a target pass costs much more than a drafter pass; on the packaged
 tiny pair it is at best about even. Measured tokens/s, none vs P-EAGLE vs EAGLE-3 (greedy):
   2 shared CPU cores, 1 thread, 1 prompt, K=3: none 114, P-EAGLE 121, EAGLE-3 94 (medians of
-    3 runs on a loaded machine; the README's install section gives the ranges)
+    3 runs on a loaded machine; ranges in docs/build-modes.md)
   H200, concurrency 1 (64 prompts, 128 tok): none 1605, P-EAGLE 1562 (K=3), EAGLE-3 1684 (K=1)
   H200, concurrency 16 / 64:                 speculation 0.10-0.57x of none (every K measured)
 (H200: docs/results.md, benchmarks/results/e2e-h200.json). `peagle tune` finds the best K and the
