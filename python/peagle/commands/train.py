@@ -120,6 +120,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="target weights (auto: bf16 on CUDA, fp32 on CPU)",
     )
     r.add_argument("--save-dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    r.add_argument(
+        "--export-format",
+        choices=("eagle3", "speculators"),
+        default="eagle3",
+        help=(
+            "checkpoint format: eagle3 (LlamaForCausalLMEagle3, vLLM's EAGLE-3 path; default) or "
+            "speculators (speculators 0.9: speculators_model_type peagle/eagle3, which "
+            "speculators and vLLM's speculators path load)"
+        ),
+    )
     r.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
     r.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     r.add_argument(
@@ -177,6 +187,7 @@ def run(args) -> int:
         device=args.device,
         target_dtype=args.target_dtype,
         save_dtype=args.save_dtype,
+        export_format=args.export_format,
         save_every=args.save_every,
         log_every=args.log_every,
         time_limit_s=args.time_limit,
