@@ -424,6 +424,65 @@ def test_bad_values_raise_on_cpu(mutate, match):
         ops.prepare_draft_inputs(*args, **kw)
 
 
+def _poke_needed_columns(batch, gen):
+    """Set one needed block-table column of every third real decode request to a negative id
+    (-1, or another negative value); returns {request: (column, block id it held)}."""
+    bs = batch.scalars["block_size"]
+    qsl, seq = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+    poked = {}
+    for r in range(len(seq)):
+        qlen = qsl[r + 1] - qsl[r]
+        if qlen == 0 or seq[r] == 0 or r % 3:
+            continue
+        p0 = int(batch.target_positions[qsl[r]])
+        cols = list(range(p0 // bs, (p0 + qlen - 1) // bs + 1))
+        c = cols[int(torch.randint(0, len(cols), (1,), generator=gen))]
+        poked[r] = (c, int(batch.block_table[r, c]))
+        batch.block_table[r, c] = -1 if len(poked) % 2 else -(2**31)
+    assert poked
+    return poked
+
+
+def test_block_table_minus1_in_needed_columns_cpu_raises(gen):
+    """SPEC §3.5: a negative block id in a column a written row needs is a value error on CPU,
+    naming block_table, the request and the column; -1 in columns no row needs is fine."""
+    args, kw = _ex1()
+    args[8][1, 0] = -1  # request 1 (positions 10..15, block size 16) needs column 0
+    with pytest.raises(RuntimeError, match=r"request 1 position 10 needs block_table\[1, 0\]"):
+        ops.prepare_draft_inputs(*args, **kw)
+    args, kw = _ex1()
+    args[8][:, 1] = -1  # column 1 is never needed: no error, same slots as with valid ids
+    got = ops.prepare_draft_inputs(*args, **kw)
+    assert got.slot_mapping.tolist() == [53, 54, 55, 56, 57, -1, 122, 123, 124, 125, 126, 127]
+    batch = make_batch(gen, 12, 4, padding_frac=0.0, prefill_frac=0.2)
+    _poke_needed_columns(batch, gen)
+    with pytest.raises(RuntimeError, match=r"needs block_table\[\d+, \d+\].*negative block id"):
+        run_op(batch, "cpu")
+
+
+@requires_cuda
+def test_block_table_minus1_in_needed_columns_cuda_gives_padding_slot(gen):
+    """SPEC §3.5: the CUDA kernel cannot raise without a host sync; a row whose needed block-table
+    entry is negative gets slot PADDING_SLOT_ID (-1: write_kv_cache skips it) and every other
+    output equals the reference computed from the valid table."""
+    batch = make_batch(gen, 24, 4, padding_frac=0.1, prefill_frac=0.2)
+    ref = prepare_draft_inputs_ref(*batch.positional(), **batch.kwargs())
+    poked = _poke_needed_columns(batch, gen)
+    bs = batch.scalars["block_size"]
+    n = batch.scalars["num_padding_slots_per_request"] - 1
+    qsl = batch.query_start_loc.tolist()
+    want = ref["slot_mapping"].clone()
+    for r, (c, _) in poked.items():
+        rows = slice(qsl[r] + r * n, qsl[r + 1] + (r + 1) * n)
+        hit = (ref["positions"][rows] // bs == c) & (ref["slot_mapping"][rows] >= 0)
+        want[rows][hit] = -1
+        assert hit.any()
+    got = run_op(batch, "cuda")
+    assert torch.equal(got.slot_mapping.cpu(), want)
+    ref["slot_mapping"] = want
+    assert_matches_ref(got, ref)
+
+
 def test_mismatched_devices():
     if not HAS_CUDA:
         pytest.skip("needs a CUDA device")

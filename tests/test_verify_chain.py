@@ -809,6 +809,140 @@ def test_one_hot_p_and_q(device, vocab):
 
 
 # ---------------------------------------------------------------------------------------------
+# NaN and +inf logits (SPEC §6.7): greedy NaN = -inf, all-NaN -> 0, +inf rows one-hot at the
+# first +inf index
+# ---------------------------------------------------------------------------------------------
+
+
+def _nan_free_argmax(row: torch.Tensor) -> int:
+    """Independent greedy rule: first-index argmax with NaN read as -inf (0 if nothing > -inf)."""
+    r = torch.nan_to_num(row.double(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    if not (r > -math.inf).any():
+        return 0
+    return int(torch.nonzero(r == r.max())[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_nan_logits_are_minus_inf(device, dtype):
+    """NaN logits never win the greedy argmax (a NaN placed where the maximum would be); drafts
+    equal to the NaN-free argmax are accepted, others get that argmax as the correction."""
+    v, counts = 61, [3, 3, 2, 4]
+    gen = torch.Generator().manual_seed(31)
+    case = make_case(counts, v, gen, temps=0.0, dtype=dtype, p_follow=0.8)
+    logits = case["target_logits"].float()
+    nan = torch.rand(logits.shape, generator=gen) < 0.25
+    nan[torch.arange(logits.shape[0]), logits.argmax(dim=1)] = True  # the true max becomes NaN
+    logits[nan] = float("nan")
+    case["target_logits"] = logits.to(dtype)
+    _, rows = layout(counts)
+    case["draft_token_ids"] = torch.tensor(
+        [_nan_free_argmax(case["target_logits"][r]) for r in rows.tolist()], dtype=torch.int32
+    )
+    case["draft_token_ids"][[2, 7]] = 0  # two mismatches (ids 0 are never the argmax here)
+    got = run_op(case, device)
+    assert_matches(got, reference(case), case)
+    assert got.num_accepted.tolist() == [2, 3, 1, 4]
+    for r, row in ((0, 2), (2, 9)):  # corrections: the NaN-free argmax of the rejected row
+        a = int(got.num_accepted[r])
+        assert int(got.output_token_ids[r, a]) == _nan_free_argmax(case["target_logits"][row])
+    bonus = int(got.output_token_ids[3, 4])  # request 3 all accepted: bonus row 4 + 3 + 4 + 3
+    assert bonus == _nan_free_argmax(case["target_logits"][15])
+
+
+def test_greedy_all_nan_row_yields_token_0(device):
+    """A row whose logits are all NaN (or NaN and -inf) has greedy argmax 0: draft 0 on it is
+    accepted, another draft is corrected to 0; a random request on such rows emits 0 too."""
+    v = 33
+    case = make_case([2, 2, 1], v, torch.Generator().manual_seed(32), temps=[0.0, 0.0, 0.9])
+    logits = case["target_logits"]
+    logits[0:3] = float("nan")  # request 0: both draft rows and the bonus row all NaN
+    logits[3] = float("nan")  # request 1: first draft row all NaN ...
+    logits[3, ::2] = -math.inf  # ... and -inf
+    logits[6:8] = float("nan")  # request 2 (random): all NaN
+    case["target_logits"] = logits
+    case["draft_token_ids"] = torch.tensor([0, 0, 7, 1, 4], dtype=torch.int32)
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[0, 0, 0], [0, -1, -1], [0, -1, -1]]
+    assert got.num_accepted.tolist() == [2, 0, 0]
+    assert_matches(got, reference(case), case)
+
+
+def test_greedy_several_posinf_emit_first(device):
+    v = 50
+    case = make_case([2, 1], v, torch.Generator().manual_seed(33), temps=0.0)
+    logits = case["target_logits"]
+    logits[:, [41, 7, 23]] = math.inf
+    logits[:, 3] = float("nan")
+    case["target_logits"] = logits
+    case["draft_token_ids"] = torch.tensor([7, 23, 41], dtype=torch.int32)
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[7, 7, -1], [7, -1, -1]]
+    assert got.num_accepted.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("filt", ["none", "top_k", "top_p"])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_random_several_posinf_emit_first(device, filt, with_q):
+    """Decision (SPEC §6.7): a random row whose maximum score is +inf is one-hot at its FIRST +inf
+    index f (not split evenly over the +inf ids, the tempered limit): a draft f is accepted for
+    every uniform, any other draft (another +inf id included) is rejected and f is emitted, and a
+    bonus row with several +inf emits f. Same with q, top-k and top-p, every Philox draw."""
+    v, f = 64, 9
+    counts = [2, 2, 1, 0]
+    gen = torch.Generator().manual_seed(34)
+    case = make_case(counts, v, gen, temps=[0.7, 1.0, 1.3, 0.5], draft_probs=with_q)
+    logits = case["target_logits"]
+    logits[:, [f, 30, 52]] = math.inf  # every row: three +inf ids, the first is f
+    logits[:, 2] = float("nan")
+    logits[:, 5] = -math.inf
+    case["target_logits"] = logits
+    # r0: f then f (both accepted, bonus f); r1: 30 (another +inf id) rejected -> f; r2: random id
+    case["draft_token_ids"] = torch.tensor([f, f, 30, f, 17], dtype=torch.int32)
+    if with_q:
+        q = torch.softmax(torch.randn(5, v, generator=gen), dim=1)
+        case["draft_probs"] = q
+    if filt == "top_k":
+        case["top_k"] = torch.tensor([2, 5, 1, 3], dtype=torch.int32)
+    elif filt == "top_p":
+        case["top_p"] = torch.tensor([0.5, 0.9, 0.2, 0.99])
+    want_out = [[f, f, f], [f, -1, -1], [f, -1, -1], [f, -1, -1]]
+    want_acc = [2, 0, 0, 0]
+    for u in (0.0, 0.5, 1.0 - 2.0**-53):
+        # q(f) in (0, 1) so u <= 1/q(f) always holds: accepted for every u
+        case["uniforms"] = torch.full((5,), u, dtype=torch.float64)
+        got = run_op(case, device)
+        assert got.output_token_ids.tolist() == want_out, u
+        assert got.num_accepted.tolist() == want_acc, u
+        assert_matches(got, reference(case), case)
+    case["uniforms"] = None
+    for offset in range(8):  # Philox draws
+        case["offsets"] = torch.full((4,), offset, dtype=torch.int64)
+        got = run_op(case, device)
+        assert got.output_token_ids.tolist() == want_out, offset
+        assert got.num_accepted.tolist() == want_acc, offset
+
+
+def test_random_single_posinf_is_one_hot(device):
+    """One +inf logit: the draft on it is accepted (p = 1, as a one-hot row), so the chain goes on
+    to the next draft row; a draft elsewhere is rejected and the +inf id emitted."""
+    v = 40
+    case = make_case([3, 1], v, torch.Generator().manual_seed(35), temps=1.0)
+    logits = case["target_logits"]
+    logits[0, 11] = math.inf
+    logits[1, 12] = math.inf
+    logits[4, 13] = math.inf  # request 1's draft row
+    case["target_logits"] = logits
+    third = int(torch.argmax(logits[2]))
+    case["draft_token_ids"] = torch.tensor([11, 12, third, 20], dtype=torch.int32)
+    case["uniforms"] = torch.tensor([0.999, 0.999, 0.0, 0.3], dtype=torch.float64)
+    got = run_op(case, device)
+    assert got.output_token_ids[0, :3].tolist() == [11, 12, third]
+    assert got.num_accepted.tolist() == [3, 0]
+    assert got.output_token_ids[1].tolist() == [13, -1, -1, -1]
+    assert_matches(got, reference(case), case)
+
+
+# ---------------------------------------------------------------------------------------------
 # top-k / top-p
 # ---------------------------------------------------------------------------------------------
 

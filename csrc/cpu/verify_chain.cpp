@@ -121,7 +121,7 @@ void build_row(const VerifyChainParams& p, int64_t row, float inv_t, int32_t top
 // Target probability of token x for the acceptance test (fp64; 0 if x is out of range or cut).
 double target_prob(const RowDist& d, int32_t x, int32_t vocab) {
   if (x < 0 || x >= vocab || !(d.s[x] >= d.tau)) return 0.0;
-  return static_cast<double>(weight_of(d.s[x], d.m)) / d.z;
+  return kept_target_prob(d.s[x], d.m, d.z, x, d.first_max);
 }
 
 // vLLM's exponential race for the recovered token: argmax over v of residual(v) / e_row[v]

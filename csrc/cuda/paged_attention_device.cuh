@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "peagle/kernels/paged_attention.h"
 
@@ -89,43 +90,45 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
+// mma.sync m16n8k16 (d += a (16x16, row) * b (16x8, col); fp32 accumulators) for element type
+// AB ("bf16" or "f16").
+#define PEAGLE_MMA_M16N8K16(AB)                                                             \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0, %1, %2, %3}, " \
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+// Tensor-core MMA, packing and zero for T = __nv_bfloat16 or __half.
 template <typename T>
-struct MmaOp;
-
-template <>
-struct MmaOp<__nv_bfloat16> {
-  // d += a (16x16, row) * b (16x8, col); bf16 inputs, fp32 accumulators.
+struct MmaOp {
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "bf16 or fp16");
   static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (kBf16) {
+      PEAGLE_MMA_M16N8K16("bf16");
+    } else {
+      PEAGLE_MMA_M16N8K16("f16");
+    }
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    if constexpr (kBf16) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+      __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    }
   }
-  static __device__ __forceinline__ __nv_bfloat16 zero() { return __float2bfloat16(0.f); }
+  static __device__ __forceinline__ T zero() {
+    if constexpr (kBf16) {
+      return __float2bfloat16(0.f);
+    } else {
+      return __float2half(0.f);
+    }
+  }
 };
-
-template <>
-struct MmaOp<__half> {
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ __half zero() { return __float2half(0.f); }
-};
+#undef PEAGLE_MMA_M16N8K16
 
 // ---------------------------------------------------------------------------------------------
 // Key range and split count of a query tile (main and merge kernel must agree exactly)

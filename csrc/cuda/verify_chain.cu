@@ -211,7 +211,7 @@ __device__ void decide(const VerifyChainParams& p, const Workspace& ws, int32_t 
             const float s = rs.sx[j - c0];
             double p_x = 0.0;
             if (x >= 0 && x < p.vocab_size && score_key(s) >= d.key) {
-              p_x = static_cast<double>(weight_of(s, d.m)) / d.z;
+              p_x = kept_target_prob(s, d.m, d.z, x, d.first_max);
             }
             acc = accept_draft(rs.u[j - c0], p_x, static_cast<double>(rs.qx[j - c0]));
           }

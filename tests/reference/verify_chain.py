@@ -54,6 +54,8 @@ def kept_mask(s: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         keep = s >= kth
     if top_p < 1.0:
         m = s.max()
+        if math.isinf(float(m)) and float(m) > 0:  # +inf maximum: the +inf group is the nucleus
+            return keep & torch.isposinf(s)
         w = torch.where(keep, torch.exp(s - m), torch.zeros_like(s))
         # Mass of kept tokens with a strictly greater score, via an ascending sort + cumsum.
         asc, order = torch.sort(s)
@@ -67,8 +69,14 @@ def kept_mask(s: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 def target_probs(s: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """softmax of the kept scores (float64); 0 outside the kept set and for -inf scores."""
+    """softmax of the kept scores (float64); 0 outside the kept set and for -inf scores. A row
+    whose maximum score is +inf is one-hot at its first +inf index (SPEC §6.7)."""
     masked = torch.where(keep, s, torch.full_like(s, -math.inf))
+    posinf = torch.isposinf(masked)
+    if posinf.any():
+        p = torch.zeros_like(s)
+        p[int(torch.nonzero(posinf)[0])] = 1.0
+        return p
     if not torch.isfinite(masked).any():
         return torch.zeros_like(s)
     return torch.softmax(masked, dim=0)

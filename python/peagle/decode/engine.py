@@ -250,28 +250,13 @@ class SpecDecoder:
         return [r.output() for r in finished]
 
     def _apply_outputs(self, batch: Batch, out: torch.Tensor, acc: torch.Tensor) -> list[Request]:
-        finished = []
+        """Commit each request's emitted tokens (``out`` / ``acc`` on the host); the finished."""
         batch.accepted = [int(a) for a in acc.tolist()]
-        for i, r in enumerate(batch.reqs):
-            k = batch.num_drafts[i]
-            a = batch.accepted[i]
-            assert 0 <= a <= k, (r.request_id, a, k)
-            r.stats.record_step(k, a)
-            r.rng_offset += 1
-            r.prefilled = True
-            for tok in out[i, : a + 1].tolist():
-                r.output_token_ids.append(tok)
-                if tok in r.stop_ids:
-                    r.finish_reason = "stop"
-                elif (
-                    len(r.output_token_ids) >= r.params.max_new_tokens
-                    or r.num_tokens >= self.max_model_len
-                ):
-                    r.finish_reason = "length"
-                if r.finish_reason is not None:
-                    finished.append(r)
-                    break
-        return finished
+        return [
+            r
+            for i, r in enumerate(batch.reqs)
+            if r.commit(out[i].tolist(), batch.num_drafts[i], batch.accepted[i], self.max_model_len)
+        ]
 
     def _propose(self, batch: Batch, out_tokens: torch.Tensor, aux: torch.Tensor, drafting) -> None:
         """Drafts for the requests with ``drafting[i]``; the others become padding requests of the

@@ -52,8 +52,9 @@ class RequestStats:
 
     ``num_spec_steps`` counts verification steps that carried at least one draft;
     ``accepted_per_position[j]`` / ``drafted_per_position[j]`` is the acceptance rate of draft
-    position j. Times are seconds; drafter/target times are the wall (or CUDA-event) time of the
-    batched phases this request took part in.
+    position j. Accepted counts only drafts that were emitted: a stop token inside an accepted
+    block ends the count there (EDGE_CASES X9). Times are seconds; drafter/target times are the
+    wall (or CUDA-event) time of the batched phases this request took part in.
     """
 
     num_steps: int = 0
@@ -156,6 +157,31 @@ class Request:
     @property
     def last_token(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def commit(self, row: list[int], num_drafts: int, accepted: int, max_model_len: int) -> bool:
+        """Append the step's emitted tokens (``row[: accepted + 1]`` of the verification output),
+        applying the stop conditions (EOS / stop ids, ``max_new_tokens``, ``max_model_len``;
+        nothing after a stop is emitted); returns whether the request finished."""
+        assert 0 <= accepted <= num_drafts, (self.request_id, accepted, num_drafts)
+        self.rng_offset += 1
+        self.prefilled = True
+        emitted = 0
+        for tok in row[: accepted + 1]:
+            self.output_token_ids.append(tok)
+            emitted += 1
+            if tok in self.stop_ids:
+                self.finish_reason = "stop"
+            elif (
+                len(self.output_token_ids) >= self.params.max_new_tokens
+                or self.num_tokens >= max_model_len
+            ):
+                self.finish_reason = "length"
+            if self.finish_reason is not None:
+                break
+        # Statistics count emitted tokens only (EDGE_CASES X9): a stop inside the accepted
+        # block drops the accepted drafts after it (and the bonus token).
+        self.stats.record_step(num_drafts, min(accepted, emitted))
+        return self.finish_reason is not None
 
     def output(self) -> RequestOutput:
         self.stats.num_generated_tokens = len(self.output_token_ids)

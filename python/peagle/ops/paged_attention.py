@@ -38,7 +38,8 @@ def paged_attention(
     (bottom-right aligned causal mask; no lower bound when ``window_left < 0``). Query head ``h``
     reads KV head ``h // (Hq // Hkv)`` (GQA). Scores ``softmax_scale * q.k``, the softmax and the
     weighted sum of V run in fp32; the output is rounded to the input dtype. All rows and heads of
-    a request share one pass over its KV pages.
+    a request share one pass over its KV pages. Keys a row may not see never affect it, whatever
+    they hold (NaN/inf included); a row that sees a non-finite K/V value is not finite (SPEC §5).
 
     Parameters:
         query: ``[T, Hq, D]`` bf16/fp16 (fp32 accepted on CPU only), after RoPE; strided views
@@ -76,7 +77,10 @@ def paged_attention(
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >
-        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks). Rows
+        kv_len`` early rows) give 0 and ``lse = -inf`` (``lse = sinks[h]`` with sinks); masked
+        keys are excluded, never given a finite sentinel score, so very negative valid scores
+        stay exact (SPEC §5, EDGE_CASES X4), and identical requests give bit-identical rows at
+        any batch index (X1). Rows
         outside every request (before ``qsl[0]`` or from ``qsl[B]`` on: a padded tail) give 0 and
         ``lse = -inf`` (so ``B == 0`` with ``T > 0`` writes every row inert); ``T == 0`` returns
         at once.

@@ -112,7 +112,11 @@ def prepare_draft_inputs(
         discard_request_mask: ``[B]`` bool, requests whose sample is discarded (partial prefill).
         backup_next_token_ids: ``[B]`` int32 next token for discarded / all-invalid rows.
         cu_num_draft_tokens: ``[B]`` int32 inclusive cumsum of the drafts verified per request.
-        block_table: ``[B, max_blocks]`` int32 drafter KV block table.
+        block_table: ``[B, max_blocks]`` int32 drafter KV block table. Only the columns of rows
+            that write KV are read (not rejected, position ``< max_model_len``, real request);
+            the rest may hold anything (e.g. -1). A negative id in a needed column (SPEC §3.5):
+            the CPU op raises; the CUDA kernel (no host sync) gives those rows slot
+            ``PADDING_SLOT_ID``, so they write no KV, and leaves every other output unchanged.
         num_padding_slots_per_request: ``S`` (P-EAGLE and PARD: K; serial draft model: 1).
         mask_token_id: the mask token (``ptd_token_id`` / ``pard_token``) for the S-1 MTP slots.
         block_size: KV-cache block size (tokens per block) of the drafter's cache.
@@ -133,7 +137,9 @@ def prepare_draft_inputs(
     Raises:
         RuntimeError: on a wrong shape, dtype or device (naming the argument), and from the CPU
             kernel on inconsistent values (non-monotone ``query_start_loc``, more rejected rows
-            than the request has, block table too narrow for a position, invalid backup token).
+            than the request has, block table too narrow for a position or a negative block id
+            in a needed column, invalid backup token). The CUDA kernel clamps instead (slot -1
+            for a missing block; ``PEAGLE_DEBUG_CHECKS=1`` runs the CPU checks first).
 
     Example:
         The exact tensors of SPEC.md §3.7's worked examples (``tests/test_prepare_draft_inputs.py``

@@ -47,8 +47,15 @@ def verify_chain(
     softmax and sample the recovered or bonus token themselves. The exact rules (filters,
     acceptance, inverse-CDF sampling, vLLM parity inputs, the Philox counter layout, where CPU and
     CUDA may differ) are SPEC.md §6.9. The op never modifies ``seeds`` / ``offsets``: **advance
-    each request's offset by 1 per step**. No host sync (unless ``max_num_draft_tokens`` is
-    omitted); CUDA-graph safe.
+    each request's offset by 1 per step**; a caller that samples drafts itself must draw that
+    noise outside Philox streams 0-2 of the same (seed, offset) (EDGE_CASES X5). No host sync
+    (unless ``max_num_draft_tokens`` is omitted); CUDA-graph safe.
+
+    Non-finite logits (SPEC §6.7, both modes): NaN logits count as -inf (a row with no logit
+    above -inf, e.g. all NaN, has argmax 0); a row whose maximum is +inf is one-hot at its
+    **first** +inf index ``f`` (not an even split over several +inf ids): a draft ``f`` is
+    accepted (random rows: iff ``q(f) > 0`` and ``u <= 1 / q(f)``), any other draft is rejected
+    and ``f`` is emitted, a bonus row emits ``f``.
 
     Parameters:
         target_logits: ``[R, V]`` bf16/fp16/fp32 with ``R = T + B``; unit stride along V, the row

@@ -128,6 +128,15 @@ PEAGLE_HD bool top_p_active(float p) {
   return !(p >= 1.0f);
 }
 
+// Target probability p(x) of an in-range draft x in the kept set, for the acceptance test:
+// e_x / Z, except that a row whose maximum score m is +inf is one-hot at its first +inf index
+// `first_max` (p = 1 there, 0 elsewhere; e_v = exp(s_v - m) would be NaN for every +inf score).
+// This matches the sampled tokens, which fall back to `first_max` when no weight is finite.
+PEAGLE_HD double kept_target_prob(float s_x, float m, double z, int32_t x, int32_t first_max) {
+  if (m == INFINITY) return x == first_max ? 1.0 : 0.0;
+  return static_cast<double>(weight_of(s_x, m)) / z;
+}
+
 // Acceptance of a random-mode draft with target probability p_x and draft probability q_x
 // (1 without draft_probs). False whenever p_x or q_x is 0 or NaN.
 PEAGLE_HD bool accept_draft(double u, double p_x, double q_x) {
