@@ -311,3 +311,36 @@ def test_exported_checkpoint_loads_in_speculators(tmp_path, layers):
     for k, v in ours.items():
         assert torch.equal(theirs[k].to(v.dtype), v), k
     assert sorted(set(theirs) - set(ours)) == ["verifier_lm_head.weight", "verifier_norm.weight"]
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["peagle", "eagle3"])
+@pytest.mark.parametrize("layers", ["llama", "qwen3-window"])
+def test_exported_checkpoint_reads_in_vllm_speculators_path(tmp_path, layers, parallel):
+    """vLLM's speculators config path (``SpeculatorsConfig``: the drafter's transformers config and
+    the speculative config it derives; config only, vLLM's weight loading is not run here) reads
+    what ``format="speculators"`` writes: the P-EAGLE / EAGLE-3 architecture for the layer type,
+    the mask token as ``pard_token``, the aux layers, the proposal length, and
+    ``norm_before_residual`` as written (vLLM defaults a missing one to True for EAGLE-3)."""
+    from vllm_env import load_vllm
+
+    load_vllm()  # skips without vLLM; fails with PEAGLE_REQUIRE_VLLM=1
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    _, d = tiny_drafter(layers, parallel)
+    d.save_pretrained(tmp_path / "out", format="speculators", speculative_tokens=4)
+    cfg = SpeculatorsConfig.from_pretrained(str(tmp_path / "out"))
+    qwen3 = LAYERS[layers].get("model_type") == "qwen3"
+    arch = {
+        (True, False): "PeagleLlamaForCausalLM", (True, True): "PeagleQwen3ForCausalLM",
+        (False, False): "Eagle3LlamaForCausalLM", (False, True): "Eagle3Qwen3ForCausalLM",
+    }[(parallel, qwen3)]  # fmt: skip
+    assert cfg.architectures == [arch]
+    assert getattr(cfg, "pard_token", None) == (MASK_ID if parallel else None)
+    assert cfg.eagle_aux_hidden_state_layer_ids == AUX_IDS
+    assert cfg.norm_before_residual is False and cfg.num_hidden_layers == d.num_layers
+    assert cfg.hidden_size == HIDDEN and cfg.draft_vocab_size == VOCAB
+    assert getattr(cfg, "sliding_window", None) == d.config.sliding_window
+    raw = json.loads((tmp_path / "out" / "config.json").read_text())
+    spec = SpeculatorsConfig.extract_vllm_speculative_config(raw)
+    assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 4
+    assert spec.get("parallel_drafting", False) == parallel  # P-EAGLE: vLLM's parallel drafting
