@@ -64,7 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument(
         "--draft-model",
         help="drafter checkpoint directory (config.json + model.safetensors in the P-EAGLE / "
-        "EAGLE-3 layout, e.g. amazon/*-p-eagle). Required with --model unless --method none; "
+        "EAGLE-3 layout, e.g. amazon/*-p-eagle, or the speculators format, e.g. "
+        "RedHatAI/*-speculator.peagle). Required with --model unless --method none; "
         "without --model, the packaged pair's drafter for --method.",
     )
     m.add_argument(

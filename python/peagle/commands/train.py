@@ -162,6 +162,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="dtype of model.safetensors (default: %(default)s)",
     )
     r.add_argument(
+        "--export-format",
+        choices=("eagle3", "speculators"),
+        default="eagle3",
+        help=(
+            "checkpoint format: eagle3 (LlamaForCausalLMEagle3, vLLM's EAGLE-3 path) or "
+            "speculators (speculators 0.9: speculators_model_type peagle/eagle3, which "
+            "speculators and vLLM's speculators path load) (default: %(default)s)"
+        ),
+    )
+    r.add_argument(
         "--save-every",
         type=int,
         default=200,
@@ -321,6 +331,7 @@ def run(args) -> int:
         device=args.device,
         target_dtype=args.target_dtype,
         save_dtype=args.save_dtype,
+        export_format=args.export_format,
         save_every=args.save_every,
         log_every=args.log_every,
         time_limit_s=args.time_limit,
