@@ -282,10 +282,35 @@ def test_autoregressive_eagle3_head_shares_target_embedding(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+LAYER_VARIANTS = {
+    "llama": {},
+    "llama-window": {"sliding_window": 4},
+    "qwen3": {"model_type": "qwen3"},
+    "qwen3-window": {
+        "model_type": "qwen3",
+        "sliding_window": 3,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    },
+}
+
+
+def randomize_qk_norms(d, gen) -> None:
+    """Qwen3 q/k norm weights away from 1, so a dropped or misplaced norm changes the output."""
+    with torch.no_grad():
+        for layer in d.decoder_layers():
+            if layer.self_attn.q_norm is not None:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5, generator=gen)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5, generator=gen)
+
+
 @pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_drafter_forward_matches_reference(gen, norm_before_residual):
+@pytest.mark.parametrize("layers", list(LAYER_VARIANTS))
+def test_drafter_forward_matches_reference(gen, norm_before_residual, layers):
+    """Paged forward (ragged chunks) == the float64 reference, for Llama and Qwen3 (q/k norm)
+    layers, with and without sliding windows (windows shorter than the sequences)."""
     target, g = make_target()
-    d = make_drafter(target, g, num_layers=3)
+    d = make_drafter(target, g, num_layers=3, **LAYER_VARIANTS[layers])
+    randomize_qk_norms(d, gen)
     d.config.norm_before_residual = norm_before_residual
     for layer in d.decoder_layers():
         layer.norm_before_residual = norm_before_residual

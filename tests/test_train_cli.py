@@ -206,3 +206,30 @@ def test_time_budget_ends_the_run_and_resume_keeps_the_count(tiny_target_dir, mo
     # a rerun with another budget resumes the count the budget ended at: already finished
     assert _train(target, data, out, *common, "--time-budget", "1e6") == 0
     assert torch.load(out / "train_state.pt", weights_only=False)["step"] == 2
+
+
+def test_export_format_speculators(tiny_target_dir):
+    """``--export-format speculators`` writes a speculators 0.9 P-EAGLE checkpoint (its verifier
+    the target) that peagle loads back and decodes with, greedy output equal to no speculation."""
+    root, target, data, tok = tiny_target_dir
+    out = root / "spec"
+    rc = _train(target, data, out, "--method", "peagle", "-k", "3", "--steps", "2",
+                "--export-format", "speculators", "--save-dtype", "float32")  # fmt: skip
+    assert rc == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "peagle"
+    assert cfg["mask_token_id"] == tok.convert_tokens_to_ids("<|mask|>")
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(target)
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+    assert "layers.0.hidden_norm.weight" in load_file(str(out / "model.safetensors"))
+    from peagle.decode import SamplingParams, SpecDecoder
+    from peagle.models import load_model_pair
+
+    runner, d = load_model_pair(str(target), str(out), dtype=torch.float32)
+    assert d.supports_parallel_drafting and d.config.source_format == "speculators"
+    prompt = tok("def add(a, b):")["input_ids"]
+    sp = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    spec = SpecDecoder(runner, d, method="peagle", num_speculative_tokens=3, cuda_graphs="off")
+    plain = SpecDecoder(runner, None, method="none", cuda_graphs="off")
+    assert spec.generate([prompt], sp)[0].token_ids == plain.generate([prompt], sp)[0].token_ids

@@ -4,14 +4,16 @@ float64 reference forward, and the online target features are the decode runner'
 
 from __future__ import annotations
 
+import pytest
 import torch
 from reference.drafter import drafter_forward_ref
 from train_helpers import MASK_ID, VOCAB, tiny_drafter, tiny_target
 
 from peagle.models.paged import AttentionMetadata
 from peagle.models.target import TargetRunner
+from peagle.train.attention import MaskedAttention
 from peagle.train.forward import masked_forward
-from peagle.train.mask import ElementMeta, sdpa_attention
+from peagle.train.mask import ElementMeta
 from peagle.train.target_features import shift_sequence, target_forward
 
 BLOCK = 16
@@ -30,18 +32,32 @@ def _one_request_meta(num_rows: int, first_position: int) -> AttentionMetadata:
 
 
 def _masked(drafter, meta_el, ids, hidden, positions):
+    """The training forward with the training mask, each layer under its own window."""
     scale = drafter.config.head_dim**-0.5
+    attention = MaskedAttention("dense")
+    prepared = attention.prepare_layers(meta_el, meta_el, drafter.config.layer_windows())
 
     def attend(i, q, k, v):
-        return sdpa_attention(q, k, v, meta_el, meta_el, scale=scale)
+        return attention(prepared[i], q, k, v, scale)
 
     return masked_forward(drafter, ids, hidden, positions, attend)
 
 
-def test_anchor_chain_equals_decode_batch():
-    """Elements (0..a, 0) + (a, 1..K-1) vs the paged forward over [x_1..x_{a+1}, MASK x (K-1)]."""
+@pytest.mark.parametrize(
+    "window,layer_types",
+    [
+        (None, None),
+        (3, None),
+        (4, ["sliding_attention", "full_attention", "sliding_attention"]),
+    ],
+)
+def test_anchor_chain_equals_decode_batch(window, layer_types):
+    """Elements (0..a, 0) + (a, 1..K-1) vs the paged forward over [x_1..x_{a+1}, MASK x (K-1)];
+    with sliding windows shorter than the chain's reach the training mask (window from the
+    reference position a + d) must give the paged attention's rows (window_left = window - 1)."""
     target = tiny_target(0)
     drafter = tiny_drafter(target, layers=3, dtype=torch.float32).eval()
+    drafter.config.sliding_window, drafter.config.layer_types = window, layer_types
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB - 1, (16,), generator=gen)
     aux, logits = target_forward(target, tokens, drafter.config.aux_layer_ids)

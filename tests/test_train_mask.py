@@ -17,7 +17,7 @@ from peagle.train.mask import (
 
 
 def brute_mask(anchors, depths, docs, window=None):
-    """Literal rule, element by element."""
+    """Literal rule, element by element (the window from the reference positions a + d)."""
     e = len(anchors)
     m = torch.zeros(e, e, dtype=torch.bool)
     for i in range(e):
@@ -25,10 +25,9 @@ def brute_mask(anchors, depths, docs, window=None):
             if docs[i] != docs[j]:
                 continue
             ctx = depths[j] == 0 and anchors[j] <= anchors[i]
-            if window is not None:
-                ctx = ctx and anchors[i] - anchors[j] < window
             chain = anchors[j] == anchors[i] and depths[j] <= depths[i]
-            m[i, j] = ctx or chain
+            near = window is None or (anchors[i] + depths[i]) - (anchors[j] + depths[j]) < window
+            m[i, j] = (ctx or chain) and near
     return m
 
 

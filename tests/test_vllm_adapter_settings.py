@@ -102,3 +102,42 @@ def test_switch_bad_value_warns_once_and_uses_default(monkeypatch, caplog):
         assert st.switch_on() is (st.DEFAULT_SWITCH == "1")
         st.switch_on()
     assert len([r for r in caplog.records if "'yes'" in r.getMessage()]) == 1
+
+
+def test_stage_a_stand_in_takes_the_dispatcher_call_style(monkeypatch):
+    """Later vLLM releases call Stage A through a warm-up dispatcher
+    (``_eagle_prepare_next_token_padded(*args, BLOCK_SIZE_TOKENS=...)``, the kernel in
+    ``.kernel``) instead of ``kernel[grid](...)``: inside a peagle proposer's call the stand-in runs
+    ``prepare_next_token_ids`` with the same outputs as the kernel's rule, otherwise it calls the
+    dispatcher; its attributes stay reachable."""
+    import torch
+
+    import peagle.ops
+    from peagle.vllm import proposer as prop
+
+    seen = []
+
+    class Dispatcher:
+        kernel = "the triton kernel"
+
+        def __call__(self, *args, **kwargs):
+            seen.append((args, kwargs))
+
+    stand_in = prop.StageAKernel(Dispatcher())
+    assert stand_in.kernel == "the triton kernel"
+    sampled = torch.tensor([[3, -1, -1], [4, 5, 6], [7, 8, -1]], dtype=torch.int32)
+    discard = torch.tensor([False, True, False, False])  # vLLM's whole persistent buffer
+    backup = torch.tensor([10, 11, 12, 13], dtype=torch.int32)
+    nxt, valid = torch.full((3,), -7, dtype=torch.int32), torch.full((3,), -7, dtype=torch.int32)
+    args = (sampled, discard, backup, nxt, valid, 100, 3, 3, sampled.stride(0))
+    stand_in(*args, BLOCK_SIZE_TOKENS=4)  # outside a peagle proposer: vLLM's dispatcher
+    assert len(seen) == 1 and seen[0][1] == {"BLOCK_SIZE_TOKENS": 4} and stand_in.calls == 0
+    token = prop.stage_a_active().set(True)
+    try:
+        stand_in(*args, BLOCK_SIZE_TOKENS=4)
+    finally:
+        prop.stage_a_active().reset(token)
+    assert len(seen) == 1 and stand_in.calls == 1
+    want_next, want_valid = peagle.ops.prepare_next_token_ids(sampled, discard[:3], backup[:3], 100)
+    assert nxt.tolist() == want_next.tolist() == [3, 11, 8]
+    assert valid.tolist() == want_valid.tolist() == [1, 0, 2]

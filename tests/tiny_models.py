@@ -97,11 +97,15 @@ def drafter_config_dict(
     aux_layer_ids=None,
     max_position_embeddings: int = 256,
     head_dim: int = 16,
+    model_type: str = "llama",
+    sliding_window: int | None = None,
+    layer_types: list[str] | None = None,
 ) -> dict:
-    """A ``config.json`` dictionary in the released P-EAGLE layout (SPEC §2.3)."""
+    """A ``config.json`` dictionary in the released P-EAGLE layout (SPEC §2.3); ``model_type``
+    ``"qwen3"`` gives Qwen3 layers (q/k norms), ``sliding_window`` / ``layer_types`` windows."""
     d = {
         "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "model_type": model_type,
         "hidden_size": 4 * head_dim,
         "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
@@ -126,6 +130,10 @@ def drafter_config_dict(
         d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
     if mask_token_id is not None:
         d["ptd_token_id"] = mask_token_id
+    if sliding_window is not None:
+        d["sliding_window"] = sliding_window
+    if layer_types is not None:
+        d["layer_types"] = list(layer_types)
     return d
 
 

@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with its errors as one ``peagle:`` line (subparsers inherit the class)."""
 
     def error(self, message: str):  # noqa: D102  (argparse API)
-        what = self.prog.removeprefix("peagle").strip() or "peagle"
+        what = self.prog.removeprefix("peagle").strip() or "usage"
         raise UserError(what, message, f"see {self.prog} --help")
 
 
@@ -60,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:  # argparse would report a subcommand's unknown flags as the top level's
+            raise UserError(
+                args.command,
+                f"unrecognized arguments: {' '.join(extra)}",
+                f"see peagle {args.command} --help",
+            )
         return int(args.run(args) or 0)
     except UserError as e:
         print(f"peagle: {e.line()}", file=sys.stderr, flush=True)

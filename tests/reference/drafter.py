@@ -2,7 +2,10 @@
 
 Works on one dense sequence (full causal attention, no paging) straight from the checkpoint's
 tensors (``state_dict`` names of SPEC §2.4) and ``config.json`` fields; shares no code with
-``peagle.models``. Default RoPE only (``rope_theta``, no scaling).
+``peagle.models``. Default RoPE only (``rope_theta``, no scaling). Qwen3 layers (``model_type``
+``"qwen3"``: per-head RMSNorm of q and k before RoPE) and sliding windows (``sliding_window`` on
+the layers ``layer_types`` marks ``"sliding_attention"``, all layers without ``layer_types``: a row
+at position p sees keys at positions > p - window) follow transformers' Qwen3 definitions.
 """
 
 from __future__ import annotations
@@ -23,17 +26,33 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _attention(sd, prefix, x, pos, cfg):
+def _window(cfg, layer):
+    w = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if w is None or (types is not None and types[layer] != "sliding_attention"):
+        return None
+    return w
+
+
+def _attention(sd, prefix, x, pos, cfg, layer):
     t = x.shape[0]
     hq, hkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     q = (x @ sd[f"{prefix}.q_proj.weight"].T).view(t, hq, d)
     k = (x @ sd[f"{prefix}.k_proj.weight"].T).view(t, hkv, d)
     v = (x @ sd[f"{prefix}.v_proj.weight"].T).view(t, hkv, d)
+    if cfg.get("model_type") == "qwen3":
+        q = _rms(q, sd[f"{prefix}.q_norm.weight"], cfg["rms_norm_eps"])
+        k = _rms(k, sd[f"{prefix}.k_norm.weight"], cfg["rms_norm_eps"])
     q, k = _rope(q, pos, cfg["rope_theta"]), _rope(k, pos, cfg["rope_theta"])
     k = k.repeat_interleave(hq // hkv, dim=1)
     v = v.repeat_interleave(hq // hkv, dim=1)
     s = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
-    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    dist = pos[:, None] - pos[None, :]  # query position - key position
+    hidden_key = dist < 0
+    w = _window(cfg, layer)
+    if w is not None:
+        hidden_key = hidden_key | (dist >= w)
+    s = s.masked_fill(hidden_key, float("-inf"))
     o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(t, hq * d)
     return o @ sd[f"{prefix}.o_proj.weight"].T
 
@@ -73,7 +92,7 @@ def drafter_forward_ref(
     else:
         residual = h
         h1 = _rms(h, sd["midlayer.hidden_norm.weight"], eps)
-    x = _attention(sd, "midlayer.self_attn", torch.cat([e1, h1], -1), positions, cfg)
+    x = _attention(sd, "midlayer.self_attn", torch.cat([e1, h1], -1), positions, cfg, 0)
     residual = residual + x
     x = _mlp(
         sd, "midlayer.mlp", _rms(residual, sd["midlayer.post_attention_layernorm.weight"], eps)
@@ -87,6 +106,7 @@ def drafter_forward_ref(
             _rms(residual, sd[f"{p}.input_layernorm.weight"], eps),
             positions,
             cfg,
+            i,
         )
         residual = residual + x
         x = _mlp(sd, f"{p}.mlp", _rms(residual, sd[f"{p}.post_attention_layernorm.weight"], eps))

@@ -21,10 +21,11 @@ Generate text with a target model and a P-EAGLE (parallel) or EAGLE-3 (serial) d
 Greedy output (--temperature 0) is the target model's own greedy output with every method.
 Speculation pays only when a target pass costs much more than a drafter pass; on the packaged
 tiny pair it is at best about even. Measured tokens/s, none vs P-EAGLE vs EAGLE-3 (greedy):
-  2 CPU cores, 1 prompt, K=3 (issue 22):     none 229, P-EAGLE 118, EAGLE-3 147
+  2 shared CPU cores, 1 thread, 1 prompt, K=3: none 114, P-EAGLE 121, EAGLE-3 94 (medians of
+    3 runs on a loaded machine; ranges in docs/build-modes.md)
   H200, concurrency 1 (64 prompts, 128 tok): none 1605, P-EAGLE 1562 (K=3), EAGLE-3 1684 (K=1)
   H200, concurrency 16 / 64:                 speculation 0.10-0.57x of none (every K measured)
-(docs/results.md, benchmarks/results/e2e-h200.json). `peagle tune` finds the best K and the
+(H200: docs/results.md, benchmarks/results/e2e-h200.json). `peagle tune` finds the best K and the
 break-even point for a pair from `peagle bench e2e` results. On the CPU, peagle runs one thread
 unless OMP_NUM_THREADS or --threads says otherwise (see --threads).
 Prompts come from --prompt (repeatable), --prompts-file, or stdin (one prompt per line, or JSONL
@@ -63,7 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument(
         "--draft-model",
         help="drafter checkpoint directory (config.json + model.safetensors in the P-EAGLE / "
-        "EAGLE-3 layout, e.g. amazon/*-p-eagle). Required with --model unless --method none; "
+        "EAGLE-3 layout, e.g. amazon/*-p-eagle, or the speculators format, e.g. "
+        "RedHatAI/*-speculator.peagle). Required with --model unless --method none; "
         "without --model, the packaged pair's drafter for --method.",
     )
     m.add_argument(
@@ -337,10 +339,28 @@ def _check_args(args) -> None:
         _check_safetensors(Path(args.model))
     if args.method != "none":
         check_model_location("--draft-model", args.draft_model)
+        args.draft_model = str(_drafter_dir(args.draft_model))
         config, names = _check_drafter_files(Path(args.draft_model))
         depth = (config.get("peagle_training") or {}).get("num_depths")
         _check_k_against_drafter(depth, args.method, args.num_speculative_tokens)
         _note_method_mismatch("mask_hidden" in names, args.method)
+
+
+def _drafter_dir(location: str) -> Path:
+    """The drafter's directory: a local one, or a hub id fetched into the hub cache."""
+    from peagle.models.loader import resolve_drafter_dir
+
+    if Path(location).expanduser().is_dir():
+        return Path(location).expanduser()
+    offline = go_offline_if_hub_unreachable(location)
+    try:
+        return resolve_drafter_dir(location)
+    except (OSError, ValueError) as e:  # huggingface_hub's errors are OSError / ValueError
+        raise UserError(
+            f"--draft-model {location}",
+            HUB_UNREACHABLE if offline else f"cannot be downloaded ({first_line(e)})",
+            "check the hub id and the network, or pass a local drafter directory",
+        ) from e
 
 
 def _check_drafter_files(path: Path) -> tuple[dict, set[str]]:
@@ -350,9 +370,13 @@ def _check_drafter_files(path: Path) -> tuple[dict, set[str]]:
     try:
         config = json.loads((path / "config.json").read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path / 'config.json'}", f"not valid JSON ({e})") from e
+        raise UserError(
+            f"{path / 'config.json'}", f"not valid JSON ({e})", "re-save the drafter checkpoint"
+        ) from e
     if not isinstance(config, dict):
-        raise UserError(f"{path / 'config.json'}", "not a JSON object")
+        raise UserError(
+            f"{path / 'config.json'}", "not a JSON object", "re-save the drafter checkpoint"
+        )
     return config, _check_safetensors(path)
 
 
@@ -472,7 +496,9 @@ def run(args) -> int:
             dtype=dtype,
         )
     except (ValueError, OSError, KeyError) as e:
-        raise UserError(models, first_line(e)) from e
+        raise UserError(
+            models, first_line(e), "check that the drafter was trained for this target"
+        ) from e
     try:
         token_ids = [encode_prompt(tokenizer, p, args.chat_template) for p in prompts]
         # KV sized for the longest request this run can produce, unless told otherwise.
@@ -507,7 +533,7 @@ def run(args) -> int:
         ) as bar:
             outputs = engine.generate(token_ids, params, on_finish=lambda _: bar.update(1))
     except (ValueError, FileNotFoundError) as e:
-        raise UserError("generate", first_line(e)) from e
+        raise UserError("generate", first_line(e), "see peagle generate --help") from e
 
     for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
         text = tokenizer.decode(out.token_ids, skip_special_tokens=True)

@@ -162,6 +162,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="dtype of model.safetensors (default: %(default)s)",
     )
     r.add_argument(
+        "--export-format",
+        choices=("eagle3", "speculators"),
+        default="eagle3",
+        help=(
+            "checkpoint format: eagle3 (LlamaForCausalLMEagle3, vLLM's EAGLE-3 path) or "
+            "speculators (speculators 0.9: speculators_model_type peagle/eagle3, which "
+            "speculators and vLLM's speculators path load) (default: %(default)s)"
+        ),
+    )
+    r.add_argument(
         "--save-every",
         type=int,
         default=200,
@@ -241,8 +251,14 @@ def check_args(args) -> None:
             "sequence partitioning applies to P-EAGLE only",
             "use --partitions 1 with --method eagle3",
         )
-    if args.aux_layer_ids is not None and sorted(set(args.aux_layer_ids)) != args.aux_layer_ids:
-        raise UserError(f"--aux-layer-ids {args.aux_layer_ids}", "must be strictly increasing")
+    if args.aux_layer_ids is not None and (
+        sorted(set(args.aux_layer_ids)) != args.aux_layer_ids or min(args.aux_layer_ids) < 0
+    ):
+        raise UserError(
+            f"--aux-layer-ids {' '.join(map(str, args.aux_layer_ids))}",
+            "must be strictly increasing layer indices >= 0",
+            "e.g. 1 L//2 L-1 for an L-layer target",
+        )
     for d in args.data:
         if not Path(d).exists():
             raise UserError(f"--data {d}", "no such file or directory")
@@ -260,13 +276,20 @@ def _check_target_loads(args, offline: bool) -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(args.target)
+        config = AutoConfig.from_pretrained(args.target)
     except (OSError, ValueError) as e:
         raise UserError(
             f"--target {args.target}",
             HUB_UNREACHABLE if offline else f"cannot be loaded ({first_line(e)})",
             "check the hub id and the network, or pass a local model directory",
         ) from e
+    layers = getattr(getattr(config, "text_config", config), "num_hidden_layers", None)
+    if args.aux_layer_ids is not None and layers is not None and max(args.aux_layer_ids) >= layers:
+        raise UserError(
+            f"--aux-layer-ids {' '.join(map(str, args.aux_layer_ids))}",
+            f"the target has {layers} layers (ids must be in [0, {layers}))",
+            f"e.g. 1 {layers // 2} {layers - 1}",
+        )
 
 
 def run(args) -> int:
@@ -308,6 +331,7 @@ def run(args) -> int:
         device=args.device,
         target_dtype=args.target_dtype,
         save_dtype=args.save_dtype,
+        export_format=args.export_format,
         save_every=args.save_every,
         log_every=args.log_every,
         time_limit_s=args.time_limit,

@@ -4,7 +4,9 @@ Module and parameter names are the checkpoint's tensor names (SPEC §2.4): ``emb
 ``fc``, ``midlayer`` (layer 0, attention input 2H), ``layers.{1..L-1}``, ``norm``, ``lm_head``,
 ``d2t``, ``mask_hidden`` (P-EAGLE only) and ``t2d`` (kept if present, unused), so
 ``state_dict()`` *is* the ``model.safetensors`` content. Attention runs over the drafter's own paged
-KV cache with ``peagle.write_kv_cache`` / ``peagle.paged_attention``.
+KV cache with ``peagle.write_kv_cache`` / ``peagle.paged_attention``. Speculators-format checkpoints
+name layer 0 ``layers.0`` (:func:`speculators_to_peagle_names`); Qwen3-architecture layers add
+``self_attn.q_norm`` / ``self_attn.k_norm``; layers may attend over a sliding window.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class DrafterAttention(nn.Module):
         self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm of q and k before RoPE
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend, layer_index: int
@@ -59,19 +66,29 @@ class DrafterAttention(nn.Module):
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
         o = attend(layer_index, q, k, v)
         return self.o_proj(o.reshape(t, -1))
 
 
-def paged_attend(meta: AttentionMetadata, kv: PagedKVCache, softmax_scale: float) -> AttendFn:
+def paged_attend(
+    meta: AttentionMetadata,
+    kv: PagedKVCache,
+    softmax_scale: float,
+    windows: list[int | None] | None = None,
+) -> AttendFn:
     """The decode path's attention: each layer writes its K/V rows into its layer of the paged
-    cache ``kv`` and attends causally over it (``meta``: slots and the ragged layout)."""
+    cache ``kv`` and attends causally over it (``meta``: slots and the ragged layout); layer ``i``
+    with a sliding window ``windows[i]`` sees keys at positions ``> p - window`` from a row at
+    position ``p`` (``window_left = window - 1``)."""
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        w = windows[i] if windows is not None else None
         return paged_attention_forward(
             q.contiguous(), k.contiguous(), v.contiguous(), kv.layer(i), meta,
-            softmax_scale=softmax_scale,
+            softmax_scale=softmax_scale, window_left=-1 if w is None else w - 1,
         )  # fmt: skip
 
     return attend
@@ -282,7 +299,7 @@ class Eagle3Drafter(nn.Module):
             ``prenorm`` feeds the next serial pass.
         """
         if attend is None:
-            attend = paged_attend(meta, kv, self.config.head_dim**-0.5)
+            attend = paged_attend(meta, kv, self.config.head_dim**-0.5, self.config.layer_windows())
             positions = meta.positions
         embeds = self.embed_tokens(input_ids.long())
         cos, sin = rope_cos_sin(self.rotary(), embeds, positions)
@@ -306,19 +323,48 @@ class Eagle3Drafter(nn.Module):
 
     # -- checkpoint I/O -------------------------------------------------------------------------
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write ``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``) and
-        ``model.safetensors`` with the checkpoint's tensor names (SPEC §2.4)."""
+    def save_pretrained(
+        self,
+        path: str | Path,
+        *,
+        format: str = "eagle3",
+        speculative_tokens: int | None = None,
+        verifier_name_or_path: str | None = None,
+        verifier_architectures: list[str] | None = None,
+    ) -> None:
+        """Write ``config.json`` and ``model.safetensors``.
+
+        Args:
+            format: ``"eagle3"``: ``architectures: ["LlamaForCausalLMEagle3"]`` and the tensor
+                names of SPEC §2.4 (vLLM's EAGLE-3 path). ``"speculators"``: the speculators 0.9
+                format (:meth:`DrafterConfig.to_speculators_dict`; ``"peagle"`` when the drafter
+                can draft in parallel, else ``"eagle3"``; layer 0 as ``layers.0``; ``d2t``/``t2d``
+                only with a reduced draft vocabulary, ``t2d`` rebuilt from ``d2t``).
+            speculative_tokens: the speculators config's proposal length (default: 5).
+            verifier_name_or_path / verifier_architectures: the target, for speculators'
+                ``speculators_config.verifier``.
+        """
         from safetensors.torch import save_file
 
+        if format not in SAVE_FORMATS:
+            raise ValueError(f"save format {format!r} not in {SAVE_FORMATS}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        d = self.config.to_dict()
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        if format == "speculators":
+            d = self.config.to_speculators_dict(
+                parallel=self.supports_parallel_drafting,
+                speculative_tokens=speculative_tokens or 5,
+                verifier_name_or_path=verifier_name_or_path,
+                verifier_architectures=verifier_architectures,
+            )
+            state = peagle_to_speculators_state(state, self.config)
+        else:
+            d = self.config.to_dict()
         d["torch_dtype"] = str(self.dtype).removeprefix("torch.")
         with open(path / "config.json", "w") as f:
             json.dump(d, f, indent=2, sort_keys=True)
             f.write("\n")
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / SAFETENSORS_NAME), metadata={"format": "pt"})
 
     @classmethod
@@ -355,6 +401,8 @@ class Eagle3Drafter(nn.Module):
         cfg = DrafterConfig.from_json_file(path / "config.json")
         meta = torch.device(device).type == "meta"
         state = _load_safetensors(path, meta=meta)
+        if cfg.source_format == "speculators":
+            state = speculators_to_peagle_names(state)
         if "embed_tokens.weight" not in state and shared_embed_tokens is not None:
             state["embed_tokens.weight"] = shared_embed_tokens
         if "lm_head.weight" not in state and shared_lm_head is not None:
@@ -403,6 +451,41 @@ class Eagle3Drafter(nn.Module):
             state[k] = t.to(dtype=dtype if t.is_floating_point() else expected[k].dtype)
         model.load_state_dict(state, assign=True)
         return model.to(device).eval()
+
+
+SAVE_FORMATS = ("eagle3", "speculators")
+# Tensors speculators keeps in its training model only (verifier copies; never needed to draft).
+_SPECULATORS_TRAINING_ONLY = ("verifier_norm.weight", "verifier_lm_head.weight")
+
+
+def speculators_to_peagle_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A speculators state dict under peagle's names: ``layers.0.*`` -> ``midlayer.*``, the
+    training-only verifier tensors dropped; every other name is the same in both formats."""
+    out = {}
+    for k, v in state.items():
+        if k in _SPECULATORS_TRAINING_ONLY:
+            continue
+        out["midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k] = v
+    return out
+
+
+def peagle_to_speculators_state(
+    state: dict[str, torch.Tensor], cfg: DrafterConfig
+) -> dict[str, torch.Tensor]:
+    """peagle's state dict under speculators' names (inverse of
+    :func:`speculators_to_peagle_names`). speculators registers ``d2t``/``t2d`` only when the draft
+    vocabulary is smaller than the target's; then ``t2d`` (target ids kept) comes from ``d2t``."""
+    out = {}
+    for k, v in state.items():
+        out["layers.0." + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k] = v
+    out.pop("t2d", None)
+    d2t = out.pop("d2t")
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        out["d2t"] = d2t
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(cfg.draft_vocab_size) + d2t] = True
+        out["t2d"] = t2d
+    return out
 
 
 # safetensors header dtype names -> torch dtypes (the format's documented spellings).

@@ -39,15 +39,27 @@ class MaskedAttention:
             return "flex" if device.type == "cuda" else "chunked"
         return self.kind
 
-    def prepare(self, q_meta: ElementMeta, k_meta: ElementMeta):
-        """Per-forward state shared by all layers (the block mask for flex)."""
+    def prepare(self, q_meta: ElementMeta, k_meta: ElementMeta, window: int | None | str = "self"):
+        """Per-forward state shared by the layers of one window (the block mask for flex);
+        ``window`` overrides :attr:`window` (a drafter layer's own sliding window)."""
+        window = self.window if window == "self" else window
         kind = self.resolved(q_meta.anchors.device)
         if kind.startswith("flex"):
-            return kind, flex_block_mask(q_meta, k_meta, self.window)[0], q_meta, k_meta
-        return kind, None, q_meta, k_meta
+            return kind, flex_block_mask(q_meta, k_meta, window)[0], q_meta, k_meta, window
+        return kind, None, q_meta, k_meta, window
+
+    def prepare_layers(
+        self, q_meta: ElementMeta, k_meta: ElementMeta, windows: list[int | None]
+    ) -> list:
+        """:meth:`prepare` per drafter layer (``windows``: the layers' sliding windows, from
+        :meth:`DrafterConfig.layer_windows`; :attr:`window` for a layer without one), once per
+        distinct window."""
+        windows = [self.window if w is None else w for w in windows]
+        by_window = {w: self.prepare(q_meta, k_meta, window=w) for w in set(windows)}
+        return [by_window[w] for w in windows]
 
     def __call__(self, prepared, q, k, v, scale: float) -> torch.Tensor:
-        kind, block_mask, q_meta, k_meta = prepared
+        kind, block_mask, q_meta, k_meta, window = prepared
         if kind == "flex" and q.shape[-1] < FLEX_MIN_HEAD_DIM:
             if self.kind != "auto":
                 raise ValueError(
@@ -63,6 +75,4 @@ class MaskedAttention:
             q, k = q.to(v.dtype), k.to(v.dtype)
             return flex_attention_masked(q, k, v, block_mask, scale=scale, compile=kind == "flex")
         chunk = self.chunk_size if kind == "chunked" else 0
-        return sdpa_attention(
-            q, k, v, q_meta, k_meta, scale=scale, window=self.window, chunk_size=chunk
-        )
+        return sdpa_attention(q, k, v, q_meta, k_meta, scale=scale, window=window, chunk_size=chunk)

@@ -10,6 +10,7 @@ position in it (a single counter) is all a resumed run needs.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,7 +23,10 @@ def iter_documents(
     """Yield documents: texts, or token-id lists (a JSONL ``field`` holding a list of ints).
 
     ``*.jsonl`` files give one document per line (``field``), other files one document each;
-    directories are searched recursively for files matching ``glob``."""
+    directories are searched recursively for files matching ``glob``. Non-JSONL files that are not
+    UTF-8 text are skipped (one note on stderr); a JSONL line that is not UTF-8 JSON raises
+    ``ValueError`` naming the file and line."""
+    skipped: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files = sorted(f for f in p.rglob(glob) if f.is_file())
@@ -32,12 +36,17 @@ def iter_documents(
             raise FileNotFoundError(f"training data {p} does not exist")
         for f in files:
             if f.suffix == ".jsonl":
-                with open(f, encoding="utf-8") as fh:
-                    for i, line in enumerate(fh):
-                        if not line.strip():
-                            continue
-                        obj = json.loads(line)
-                        if field not in obj:
+                with open(f, "rb") as fh:
+                    for i, raw in enumerate(fh):
+                        try:
+                            line = raw.decode("utf-8")
+                            if not line.strip():
+                                continue
+                            obj = json.loads(line)
+                        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                            what = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not JSON"
+                            raise ValueError(f"{f}:{i + 1}: {what} ({e})") from e
+                        if not isinstance(obj, dict) or field not in obj:
                             raise ValueError(f"{f}:{i + 1}: JSON object has no {field!r} field")
                         value = obj[field]
                         # a list of ints is an already tokenised document (e.g. regenerated
@@ -45,9 +54,17 @@ def iter_documents(
                         yield value if isinstance(value, list) else str(value)
             else:
                 try:
-                    yield f.read_text(encoding="utf-8")
+                    text = f.read_text(encoding="utf-8")
                 except UnicodeDecodeError:
+                    skipped.append(f)
                     continue
+                yield text
+    if skipped:
+        print(
+            f"peagle train: note: skipped {len(skipped)} file(s) that are not UTF-8 text "
+            f"(first: {skipped[0]})",
+            file=sys.stderr,
+        )
 
 
 def tokenize_documents(
@@ -92,7 +109,10 @@ class SequenceOrder:
 
     def __init__(self, num_sequences: int, seed: int) -> None:
         if num_sequences < 1:
-            raise ValueError("the training corpus yields no sequence (documents too short?)")
+            raise ValueError(
+                "the training corpus yields no sequence (documents shorter than the minimum "
+                "length, or every file skipped as not UTF-8 text)"
+            )
         self.n = num_sequences
         self.seed = seed
         self._epoch = -1

@@ -3,9 +3,14 @@
 Query element ``(a_q, d_q)`` may attend key ``(a_k, d_k)`` iff both lie in the same document, the
 query is not padding, and either
 
-* ``d_k == 0 and a_k <= a_q`` (real context up to its own anchor; with a sliding window also
-  ``a_q - a_k < window``), or
-* ``a_k == a_q and d_k <= d_q`` (earlier or equal depths of its own chain).
+* ``d_k == 0 and a_k <= a_q`` (real context up to its own anchor), or
+* ``a_k == a_q and d_k <= d_q`` (earlier or equal depths of its own chain),
+
+and, with a sliding window, ``(a_q + d_q) - (a_k + d_k) < window``: the window is measured from the
+query's *reference position* ``a_q + d_q``, the position the row has at inference, where the paged
+attention shows a row at position ``p`` the keys at positions ``> p - window``
+(``window_left = window - 1``) -- the inference rule, and speculators' (which measures context keys
+from ``a_q + d_q`` as well; it does not window the chain, which differs only for depths >= window).
 
 Every real query may attend itself, so no real row is fully masked. Padding (FlexAttention blocks
 are padded to a multiple of 128) is a query document id of -1 and a key document id of -2.
@@ -43,10 +48,11 @@ class ElementMeta:
 def mask_rule(aq, dq, docq, ak, dk, dock, window: int | None = None):
     """The rule on broadcastable tensors (also used as a FlexAttention ``mask_mod`` body)."""
     context = (dk == 0) & (ak <= aq)
-    if window is not None:
-        context = context & (aq - ak < window)
     chain = (ak == aq) & (dk <= dq)
-    return (docq == dock) & (docq != QUERY_PAD_DOC) & (context | chain)
+    visible = context | chain
+    if window is not None:
+        visible = visible & ((aq + dq) - (ak + dk) < window)
+    return (docq == dock) & (docq != QUERY_PAD_DOC) & visible
 
 
 def dense_mask(q: ElementMeta, k: ElementMeta, window: int | None = None) -> torch.Tensor:

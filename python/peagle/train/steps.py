@@ -124,10 +124,10 @@ def peagle_sequence_step(
             rows0 = is0.nonzero().flatten()
             h0 = drafter.project_target_hidden(seq.features[a[rows0]])
             hidden = mask_vec.expand(idx.numel(), -1).to(h0.dtype).index_put((rows0,), h0)
-            prepared = attention.prepare(meta, meta)
+            prepared = attention.prepare_layers(meta, meta, cfg.layer_windows())
 
             def attend(i, q, k, v, prepared=prepared):
-                return attention(prepared, q, k, v, scale)
+                return attention(prepared[i], q, k, v, scale)
 
             normed, _ = masked_forward(drafter, ids, hidden, seq.positions[a + d], attend)
             rows = (own & supervised[idx]).nonzero().flatten()
@@ -189,12 +189,13 @@ def eagle3_sequence_step(
                 torch.cat([m.depths for m in key_meta]),
                 torch.cat([m.doc_ids for m in key_meta]),
             )
-            prepared = attention.prepare(q_meta, k_meta)
+            prepared = attention.prepare_layers(q_meta, k_meta, cfg.layer_windows())
 
             def attend(i, q, k, v, prepared=prepared):
                 cache_k[i].append(k)
                 cache_v[i].append(v)
-                return attention(prepared, q, torch.cat(cache_k[i]), torch.cat(cache_v[i]), scale)
+                keys, values = torch.cat(cache_k[i]), torch.cat(cache_v[i])
+                return attention(prepared[i], q, keys, values, scale)
 
             normed, prenorm = masked_forward(
                 drafter, seq.input_ids[a + d], hidden, seq.positions[a + d], attend

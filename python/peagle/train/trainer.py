@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.models.drafter import Eagle3Drafter
+from peagle.models.drafter import SAVE_FORMATS, Eagle3Drafter
 from peagle.models.drafter_config import DrafterConfig
 from peagle.train.attention import MaskedAttention
 from peagle.train.cod import cod_sample
@@ -73,6 +73,7 @@ class TrainConfig:
     device: str | None = None
     target_dtype: str = "auto"
     save_dtype: str = "bfloat16"
+    export_format: str = "eagle3"  # or "speculators" (Eagle3Drafter.save_pretrained's format)
     autocast: bool | None = None  # default: on for CUDA
     save_every: int = 200
     log_every: int = 10
@@ -126,6 +127,8 @@ class Trainer:
             raise ValueError("sequence partitioning applies to P-EAGLE only (use --partitions 1)")
         if min(cfg.num_depths, cfg.partitions, cfg.grad_accum, cfg.pack, cfg.steps) < 1:
             raise ValueError("num_depths, partitions, grad_accum, pack and steps must be >= 1")
+        if cfg.export_format not in SAVE_FORMATS:
+            raise ValueError(f"export_format {cfg.export_format!r} not in {SAVE_FORMATS}")
         if cfg.time_budget_s < 0:
             raise ValueError(f"time_budget_s must be >= 0, got {cfg.time_budget_s}")
         self.cfg = cfg
@@ -293,7 +296,13 @@ class Trainer:
         cfg = self.cfg
         t0 = self._clock()
         export = copy.deepcopy(self.drafter).to(_DTYPES[cfg.save_dtype])
-        export.save_pretrained(self.out)
+        export.save_pretrained(
+            self.out,
+            format=cfg.export_format,
+            speculative_tokens=cfg.num_depths,
+            verifier_name_or_path=cfg.target,
+            verifier_architectures=list(getattr(self.target.config, "architectures", None) or []),
+        )
         state = {
             "model": {k: v.detach().cpu() for k, v in self.drafter.state_dict().items()},
             "optimizer": self.opt.state_dict(),

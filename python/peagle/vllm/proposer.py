@@ -158,28 +158,45 @@ def call_supported(
 
 
 class StageAKernel:
-    """Stand-in for vLLM's ``eagle_prepare_next_token_padded_kernel`` in ``llm_base_proposer``.
+    """Stand-in for vLLM's Stage A launcher in ``llm_base_proposer``.
 
-    Launched the Triton way (``kernel[grid](*args, **kwargs)``). While a peagle proposer runs
-    ``prepare_next_token_ids_padded`` it calls ``peagle.ops.prepare_next_token_ids``; otherwise it
-    forwards the launch unchanged to vLLM's kernel.
+    Two call styles, by vLLM release: 0.28 launches the Triton kernel
+    ``eagle_prepare_next_token_padded_kernel[grid](*args, **kwargs)``; 0.32+ calls the warm-up
+    dispatcher ``_eagle_prepare_next_token_padded(*args, **kwargs)`` (the kernel in ``.kernel``,
+    same arguments). While a peagle proposer runs ``prepare_next_token_ids_padded`` either one calls
+    ``peagle.ops.prepare_next_token_ids``; otherwise the call goes unchanged to what it wraps.
+    ``calls`` counts the op launches (the activation log states only what was seen to run).
     """
 
     def __init__(self, triton_kernel: Any):
         self.triton_kernel = triton_kernel
+        self.calls = 0
 
     def __getitem__(self, grid: Any):
         if not _STAGE_A_ACTIVE.get():
             return self.triton_kernel[grid]
-        return functools.partial(_stage_a_launch, self.triton_kernel, grid)
+        return functools.partial(self._launch, functools.partial(_triton_launch, grid))
 
-    def __getattr__(self, name: str) -> Any:  # e.g. .fn, .run: behave like the kernel
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _STAGE_A_ACTIVE.get():
+            return self.triton_kernel(*args, **kwargs)
+        return self._launch(None, *args, **kwargs)
+
+    def _launch(self, fallback, *args: Any, **kwargs: Any) -> None:
+        if _stage_a_launch(self.triton_kernel, fallback, *args, **kwargs):
+            self.calls += 1
+
+    def __getattr__(self, name: str) -> Any:  # e.g. .fn, .run, .kernel, .register_warmup
         return getattr(self.triton_kernel, name)
 
 
+def _triton_launch(grid, kernel, *args, **kwargs):
+    kernel[grid](*args, **kwargs)
+
+
 def _stage_a_launch(
-    triton_kernel: Any,
-    grid: Any,
+    launcher: Any,
+    fallback: Any,
     sampled_token_ids: torch.Tensor,
     discard_request_mask: torch.Tensor,
     backup_next_token_ids: torch.Tensor,
@@ -190,12 +207,14 @@ def _stage_a_launch(
     num_reqs: int,
     stride_sampled_token_ids: int,
     BLOCK_SIZE_TOKENS: int | None = None,  # noqa: N803  (vLLM's Triton launch parameter)
-) -> None:
-    """The kernel's argument list (vLLM 0.28) mapped onto ``peagle.ops.prepare_next_token_ids``.
+) -> bool:
+    """The kernel's argument list (vLLM 0.28's; 0.33's dispatcher takes the same) mapped onto
+    ``peagle.ops.prepare_next_token_ids``; True when the op ran.
 
     vLLM passes whole persistent buffers for the mask and the backup tokens (``max_num_reqs``
     rows); the op gets their first ``num_reqs`` rows. Inputs the op does not take (ids that are
-    not int32, tensors on different devices) go to vLLM's kernel instead.
+    not int32, tensors on different devices) go to vLLM's launcher instead (``fallback(launcher,
+    ...)``, or a plain call of the dispatcher).
     """
     b = int(num_reqs)
     tensors = (sampled_token_ids, discard_request_mask, backup_next_token_ids, next_token_ids,
@@ -208,12 +227,14 @@ def _stage_a_launch(
         or discard_request_mask.dtype != torch.bool
         or len({t.device for t in tensors}) != 1
     ):
-        triton_kernel[grid](
-            sampled_token_ids, discard_request_mask, backup_next_token_ids, next_token_ids,
-            valid_sampled_tokens_count, vocab_size, num_sampled_tokens_per_req, num_reqs,
-            stride_sampled_token_ids, BLOCK_SIZE_TOKENS=BLOCK_SIZE_TOKENS,
-        )  # fmt: skip
-        return
+        args = (sampled_token_ids, discard_request_mask, backup_next_token_ids, next_token_ids,
+                valid_sampled_tokens_count, vocab_size, num_sampled_tokens_per_req, num_reqs,
+                stride_sampled_token_ids)  # fmt: skip
+        if fallback is None:
+            launcher(*args, BLOCK_SIZE_TOKENS=BLOCK_SIZE_TOKENS)
+        else:
+            fallback(launcher, *args, BLOCK_SIZE_TOKENS=BLOCK_SIZE_TOKENS)
+        return False
     ops.prepare_next_token_ids(
         sampled_token_ids[:b, : int(num_sampled_tokens_per_req)],
         discard_request_mask[:b],
@@ -221,6 +242,7 @@ def _stage_a_launch(
         int(vocab_size),
         out=(next_token_ids[:b], valid_sampled_tokens_count[:b]),
     )
+    return True
 
 
 def stage_a_active() -> contextvars.ContextVar[bool]:
