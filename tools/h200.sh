@@ -7,6 +7,11 @@
 #                           prints its wall time, build included (README "Building for a GPU")
 #   bench [families]        `peagle bench ops` for prep verify attention kv (default) and/or e2e
 #                           (concurrency 1), results in $OUT/<family>-h200.json
+#   ab OLD_SRC [families]   old vs new in one reservation: builds the source tree OLD_SRC (e.g.
+#                           `git archive <commit> | tar -x -C .ab/old`, carried) into /tmp/oldsite
+#                           next to the current tree's build, then times each family old, new, old,
+#                           new (the repeat gives the same-variant spread, PERF.md §4); JSON + logs
+#                           in $OUT/ab.tgz
 # SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
 set -uo pipefail
@@ -60,12 +65,43 @@ sanitize() {
   done
 }
 cmd=${1:-all}; shift || true
+run_ab() {
+  local old_src=$1; shift
+  [ -d "$old_src" ] || { echo "ab: no such source tree: $old_src"; exit 2; }
+  [ -d "$old_src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$old_src/python/peagle/"
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # as in build()
+  export PEAGLE_CUTLASS_INCLUDE=${PEAGLE_CUTLASS_INCLUDE:-/tmp/deps/cutlass_library/source/include}
+  (cd "$old_src" && PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install -q \
+    --no-build-isolation --no-deps --target /tmp/oldsite -C build-dir=/tmp/build-old . \
+    > "$OUT/build-old.log" 2>&1) || { tail -20 "$OUT/build-old.log"; exit 1; }
+  local fams=${@:-attention prep verify e2e}
+  for rep in 1 2; do
+    for side in old new; do
+      local pp=""; [ $side = old ] && pp=/tmp/oldsite
+      for fam in $fams; do
+        local out="$OUT/ab-$fam-$side$rep"
+        case $fam in
+          e2e) PYTHONPATH=$pp timeout 150 python3 -m peagle bench e2e --device cuda --concurrency 1 \
+                 --k 1 3 7 --num-prompts 16 --out "$out.json" > "$out.log" 2>&1 ;;
+          attention) PYTHONPATH=$pp timeout 150 python3 -m peagle bench ops attention --no-baselines \
+                 --out "$out.json" > "$out.log" 2>&1 ;;
+          *) PYTHONPATH=$pp timeout 150 python3 -m peagle bench ops "$fam" --out "$out.json" \
+                 > "$out.log" 2>&1 ;;
+        esac
+        echo "ab $fam $side$rep: rc=$?"
+      done
+    done
+    [ -n "${AB_ONCE:-}" ] && break
+  done
+  (cd "$OUT" && tar czf ab.tgz ab-* build-old.log && rm -f ab-*.json ab-*.log build-old.log)
+}
 t_start=$(date +%s)
 case $cmd in
   build) build ;;
   test) build; run_tests "$@"; rc=$?; echo "h200.sh test: $(( $(date +%s) - t_start )) s wall (build + tests)"; exit $rc ;;
   sanitize) build; sanitize "$@" ;;
   bench) build; run_bench "$@" ;;
+  ab) build; run_ab "$@" ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|all] ..."; exit 2 ;;
 esac
