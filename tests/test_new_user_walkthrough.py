@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from cli_helpers import user_error
 from test_issue22 import _train_argv, gen, no_hub
 from tiny_models import save_pair
@@ -94,8 +95,30 @@ def test_draft_model_hub_id_is_fetched(pair, capsys, monkeypatch):
         return str(ddir)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    # --device cpu: the tiny pair's head_dim 16 runs on the CPU kernels only
     rc = main(["generate", "--model", str(tdir), "--draft-model", "some-org/drafter", "--json",
-               "--prompt", "w5 w6", "--max-new-tokens", "4", "--no-progress"])  # fmt: skip
+               "--prompt", "w5 w6", "--max-new-tokens", "4", "--no-progress",
+               "--device", "cpu"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0 and json.loads(out.splitlines()[-1])["num_generated_tokens"] == 4
     assert asked and asked[0][0] == "some-org/drafter" and "*.safetensors" in asked[0][1]
+
+
+def test_cuda_engine_refuses_head_dim_the_cuda_kernels_do_not_serve():
+    """A model whose head_dim the CUDA attention kernels do not serve is refused when the engine is
+    built on CUDA (one clear error naming the model), not by paged_attention mid-decode."""
+    from types import SimpleNamespace
+
+    from peagle.decode.config import validate_engine_args
+
+    args = dict(method="peagle", num_speculative_tokens=3, max_num_seqs=1, max_model_len=None,
+                block_size=16, num_blocks=None, kv_cache_memory=None)  # fmt: skip
+    cuda_target = SimpleNamespace(device=torch.device("cuda", 0), head_dim=16)
+    with pytest.raises(ValueError, match=r"the target model has head_dim 16: .* 64 and 128"):
+        validate_engine_args(**args, target=cuda_target)
+    cpu_target = SimpleNamespace(device=torch.device("cpu"), head_dim=16)
+    validate_engine_args(**args, target=cpu_target)  # the CPU kernels serve any head_dim
+    drafter = torch.nn.Linear(2, 2).to("meta")  # a stand-in: parameters on a non-CUDA device
+    drafter.config = SimpleNamespace(head_dim=16)
+    validate_engine_args(**args, target=cpu_target, drafter=drafter)
+    validate_engine_args(**args, target=SimpleNamespace(device="cuda", head_dim=128))

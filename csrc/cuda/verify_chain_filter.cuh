@@ -73,8 +73,9 @@ __device__ __forceinline__ unsigned long long block_sum(unsigned long long x, Fi
 
 // Warp 0 finds a digit in a 2^bits-bin histogram scanned from the top. Count mode (top-k): the
 // digit holding the `rank`-th largest element (rank >= 1). Mass mode (top-p): the lowest
-// non-empty digit whose top element has (above + mass of higher digits) < target. Returns the
-// digit (-1 if none) and, via *above_out, the count/mass of the higher digits.
+// non-empty digit whose top element has (above + mass of higher digits) < target, else the highest
+// non-empty digit (target <= 0: the maximum is always kept). Returns the digit (-1 if none) and,
+// via *above_out, the count/mass of the higher digits.
 template <bool kMass>
 __device__ void find_digit(const uint32_t* cnt, const unsigned long long* mass, int bins,
                            unsigned long long rank, double target, unsigned long long above,
@@ -89,12 +90,13 @@ __device__ void find_digit(const uint32_t* cnt, const unsigned long long* mass, 
     const unsigned long long x = __shfl_sync(0xffffffffu, mine, l);
     if (l > lane) higher += x;
   }
-  int found = -1;
+  int found = -1, top = -1;  // top: the highest non-empty digit (mass mode)
   unsigned long long found_above = 0;
   unsigned long long cum = higher;
   for (int b = lo + per - 1; b >= lo; --b) {
     const unsigned long long c = kMass ? mass[b] : cnt[b];
     if (kMass) {
+      if (top < 0 && cnt[b] > 0) top = b;
       if (cnt[b] > 0 && static_cast<double>(above + cum) < target) {
         found = b;  // keep descending: the lowest such digit
         found_above = cum;
@@ -111,6 +113,15 @@ __device__ void find_digit(const uint32_t* cnt, const unsigned long long* mass, 
   const unsigned won = __ballot_sync(0xffffffffu, found == best && found >= 0);
   const int src = won ? __ffs(static_cast<int>(won)) - 1 : 0;
   found_above = __shfl_sync(0xffffffffu, found_above, src);
+  if (kMass && best == 0x7fffffff) {
+    // No digit has mass above it < target: only when target <= 0 (a row whose maximum is +inf has
+    // no finite weight). The top element's group is always kept (SPEC §6.7), so the highest
+    // non-empty digit is chosen, with nothing above it.
+    for (int d = kWarp / 2; d > 0; d >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, d));
+    *digit_out = top;
+    *above_out = 0;
+    return;
+  }
   *digit_out = best == 0x7fffffff ? -1 : best;
   *above_out = found_above;
 }

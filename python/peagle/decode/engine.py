@@ -89,7 +89,7 @@ class SpecDecoder:
         validate_engine_args(
             method=method, num_speculative_tokens=num_speculative_tokens, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, block_size=block_size, num_blocks=num_blocks,
-            kv_cache_memory=kv_cache_memory,
+            kv_cache_memory=kv_cache_memory, target=target, drafter=drafter,
         )  # fmt: skip
         self.target = target
         self.method = method
