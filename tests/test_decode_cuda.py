@@ -158,11 +158,13 @@ def test_synthetic_acceptance_in_cuda_graphs_matches_eager(models, rates):
     runner = TargetRunner(low)
     d = make_drafter(model, g).to(DEVICE, torch.bfloat16)
     runs = {}
+    n = 1 + 9 * 4  # the prefill's token, then 9 steps of K + 1 = 4: no step cut by max_new_tokens
     for graphs in ("on", "off"):
         eng = SpecDecoder(runner, d, method="peagle", num_speculative_tokens=3, max_num_seqs=4,
                           cuda_graphs=graphs,
                           synthetic_acceptance=SyntheticAcceptance(rates, seed=5))  # fmt: skip
-        outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=N))
+        outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=n))
+        assert all(len(o.token_ids) == n for o in outs)
         runs[graphs] = [o.stats.accepted_per_position for o in outs]
         if graphs == "on":
             assert eng.graphs is not None and eng.graphs.graphs
