@@ -206,6 +206,9 @@ def main(argv=None) -> int:
             log(f"--only {args.only}: earlier stages not done: {', '.join(missing)}")
             return 2
     for stage in STAGES:
+        if args.until and names.index(stage.name) > names.index(args.until):
+            log(f"stages up to {args.until} done (--until)")
+            return 0
         if done.get(stage.name, {}).get("done"):
             continue
         if args.only and stage.name != args.only:

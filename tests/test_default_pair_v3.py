@@ -357,3 +357,71 @@ def test_tokenizer_texts_are_training_files_in_hash_order():
     got = stages_v3.tokenizer_texts(list(reversed(docs)), 250)
     assert got == [docs[0].text, docs[1].text, docs[2].text]
     assert len(stages_v3.tokenizer_texts(docs, 0)) == 5
+
+
+def _res(al7: float, al3: float = 1.5) -> dict:
+    return {"validation": {"3": {"acceptance_length": al3}, "7": {"acceptance_length": al7}}}
+
+
+def test_ablation_pick_uses_validation_al_and_a_noise_guard():
+    import ablate_default_pair as ab
+
+    results = {
+        "peagle-base": _res(2.00),
+        "peagle-anchors-64": _res(2.10),
+        "peagle-anchors-16": _res(2.30),  # the best of its switch
+        "peagle-frozen-lm-head": _res(2.01),  # within the noise guard: not taken
+        "peagle-cod-0.5-0.1": _res(1.90),  # worse than the baseline
+        "peagle-k12": _res(2.50, al3=1.0),  # picked at K=7, whatever K=3 says
+        "eagle3-no-prompt-loss": _res(3.0),  # no eagle3 baseline: nothing chosen for eagle3
+    }
+    got = ab.pick(results, 7, 0.02)
+    assert got == {"peagle": {"max_anchors": 16, "k": 12}}
+    assert ab.pick(results, 3, 0.02)["peagle"] == {}  # at K=3 nothing beats 1.5 by 0.02
+    names = [v.name for v in ab.VARIANTS]
+    assert names[0] == "peagle-base" and len(names) == len(set(names))
+    groups = {v.group for v in ab.VARIANTS}
+    assert {"max_anchors", "exclude_prompt_loss", "norm_before_residual", "freeze_lm_head",
+            "cod", "k"} <= groups  # fmt: skip
+
+
+def test_ablation_driver_runs_variants_and_writes_the_choice(
+    fake_install, small_held_out, monkeypatch, tmp_path
+):
+    import ablate_default_pair as ab
+
+    recipe = replace(TINY, name="tiny-v3-ablate", humaneval=False, eval_prompts=0)
+    monkeypatch.setitem(RECIPES, recipe.name, recipe)
+    monkeypatch.setattr(report, "DOCS_DIR", tmp_path / "docs")
+    work = tmp_path / "ablate"
+    argv = [
+        "--recipe", recipe.name, "--work-dir", str(work), "--threads", "1",
+        "--corpus-path", str(fake_install["site"]), "--stdlib-root", str(fake_install["stdlib"]),
+        "--variants", "peagle-base", "peagle-anchors-16", "peagle-norm-before-residual",
+        "--ks", "1", "3", "--pick-k", "3", "--variant-minutes", "5",
+    ]  # fmt: skip
+    assert ab.main(argv) == 0
+    table = json.loads((work / "ablation.json").read_text())
+    assert set(table["results"]) == {
+        "peagle-base",
+        "peagle-anchors-16",
+        "peagle-norm-before-residual",
+    }
+    for res in table["results"].values():
+        assert set(res["validation"]) == {"1", "3"} and res["validation_prompts"] == 2
+        assert res["validation"]["1"]["acceptance_length"] >= 1.0
+    st = torch.load(work / "ablate" / "peagle-anchors-16" / "train_state.pt", weights_only=False)
+    assert st["train_config"]["max_anchors"] == 16
+    cfg = json.loads((work / "ablate" / "peagle-norm-before-residual" / "config.json").read_text())
+    assert cfg["norm_before_residual"] is True
+    assert "| peagle-anchors-16 |" in (work / "ablation.md").read_text()
+    choice = json.loads((work / "choice.json").read_text())
+    assert choice == ab.pick(table["results"], 3, 0.02)
+    # the choice feeds the final recipe
+    assert apply_drafter_settings(recipe, choice).peagle.num_layers == recipe.peagle.num_layers
+    # the evaluation split and HumanEval were not measured
+    assert not (work / "results.json").exists()
+    # rerun: everything done, no variant retrained
+    before = (work / "log.txt").read_text()
+    assert ab.main(argv) == 0
+    assert "variant peagle-base:" not in (work / "log.txt").read_text()[len(before) :]

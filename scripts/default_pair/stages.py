@@ -155,14 +155,15 @@ def stage_target(ctx: Context) -> bool:
     return finished
 
 
-def _train_drafter(ctx: Context, method: str) -> bool:
-    """``peagle train`` (the real CLI) for one head; resumes from its output directory."""
+def _train_drafter(ctx: Context, method: str, r=None, out: Path | None = None) -> bool:
+    """``peagle train`` (the real CLI) for one head; resumes from its output directory.
+    ``r`` / ``out``: another head recipe and output directory (the ablation's variants)."""
     import time
 
     from peagle.cli import main as peagle_main
 
-    r = getattr(ctx.recipe, method)
-    out = ctx.work_dir / method
+    r = getattr(ctx.recipe, method) if r is None else r
+    out = ctx.work_dir / method if out is None else out
     remaining = ctx.deadline - time.monotonic()
     # Loading the target and data and compiling FlexAttention take up to a minute on CUDA: not
     # worth starting with less left, unless nothing else ran in this call (always progress).

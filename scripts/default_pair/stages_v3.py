@@ -331,7 +331,7 @@ def pair_record(ctx) -> dict:
         "eos_token": EOS_TOKEN,
     }
     res = ctx.info.get("results")
-    if res:
+    if res and res.get("sets"):
         info["target"]["evaluation_loss"] = res["target_loss_evaluation"]
         info["acceptance_length_by_set"] = {
             s: {
