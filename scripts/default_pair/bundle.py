@@ -24,7 +24,7 @@ _WORK_RECORDS = ("log.txt", "results.json", "done.json", "target_run/result.json
 _HEAD_RECORDS = ("train_log.jsonl",)
 
 
-def pack(package_dir: Path, work_dir: Path, out_dir: Path, recipe=None) -> list[Path]:
+def pack(package_dir: Path, work_dir: Path, out_dir: Path, recipe: object = None) -> list[Path]:
     """Write the bundle into ``out_dir``; returns its files. Raises ``SystemExit`` when it would
     break the limits."""
     package_dir, work_dir, out_dir = Path(package_dir), Path(work_dir), Path(out_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from default_pair import stdlib_corpus
-from default_pair.recipes import Recipe
+from default_pair.recipes import DrafterRecipe, Recipe
 from default_pair.target_lm import export_target, train_target
 from default_pair.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer, train_tokenizer
 
@@ -155,7 +155,9 @@ def stage_target(ctx: Context) -> bool:
     return finished
 
 
-def _train_drafter(ctx: Context, method: str, r=None, out: Path | None = None) -> bool:
+def _train_drafter(
+    ctx: Context, method: str, r: DrafterRecipe | None = None, out: Path | None = None
+) -> bool:
     """``peagle train`` (the real CLI) for one head; resumes from its output directory.
     ``r`` / ``out``: another head recipe and output directory (the ablation's variants)."""
     import time
@@ -217,7 +219,7 @@ def _train_drafter(ctx: Context, method: str, r=None, out: Path | None = None) -
     return rc == 0
 
 
-def _switch_flags(r, recipe) -> list[str]:
+def _switch_flags(r: DrafterRecipe, recipe: Recipe) -> list[str]:
     """The v3 ablation switches and settings as ``peagle train`` flags (none at their defaults,
     so a v2 recipe's command line is unchanged)."""
     out = []
@@ -236,7 +238,7 @@ def _switch_flags(r, recipe) -> list[str]:
     return out
 
 
-def drafter_record(work_dir: Path, method: str, r) -> dict:
+def drafter_record(work_dir: Path, method: str, r: DrafterRecipe) -> dict:
     """What a trained head saw: settings, steps, tokens, last logged loss/acceptance."""
     from dataclasses import asdict
 

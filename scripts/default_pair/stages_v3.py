@@ -14,16 +14,21 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from default_pair import humaneval, site_corpus
 from default_pair.tokenizer import EOS_TOKEN, load_tokenizer, train_tokenizer
 
+if TYPE_CHECKING:
+    from default_pair.recipes import Recipe
+    from default_pair.stages import Context
+
 SPLITS = site_corpus.SPLITS
 
 
-def corpus_dir(ctx) -> Path:
+def corpus_dir(ctx: Context) -> Path:
     return ctx.work_dir / "corpus"
 
 
@@ -50,12 +55,12 @@ def _write_split(path: Path, docs: list[site_corpus.SourceFile]) -> None:
     tmp.replace(path)
 
 
-def read_split(ctx, split: str) -> list[dict]:
+def read_split(ctx: Context, split: str) -> list[dict]:
     with open(corpus_dir(ctx) / f"{split}.jsonl", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def stage_tokenizer(ctx) -> bool:
+def stage_tokenizer(ctx: Context) -> bool:
     corpus = site_corpus.collect(
         paths=ctx.corpus_paths, stdlib_root=ctx.stdlib_root, include_stdlib=ctx.include_stdlib
     )
@@ -117,7 +122,7 @@ def _encode(tok, texts: list[str], eos: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def sample_prompts(
-    tok,
+    tok: Any,
     docs: list[dict],
     stream: torch.Tensor,
     offsets: torch.Tensor,
@@ -161,7 +166,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def stage_tokenize(ctx) -> bool:
+def stage_tokenize(ctx: Context) -> bool:
     tok = load_tokenizer(ctx.tokenizer_dir)
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
     r = ctx.recipe
@@ -209,7 +214,7 @@ def stage_tokenize(ctx) -> bool:
 
 # (set name, prompt file) measured by the final measurement (the validation set is the
 # ablation's; scripts/ablate_default_pair.py measures it)
-def eval_sets(recipe) -> list[tuple[str, str]]:
+def eval_sets(recipe: Recipe) -> list[tuple[str, str]]:
     sets = []
     if recipe.eval_prompts > 0:
         sets.append(("evaluation", "eval_prompts.jsonl"))
@@ -223,7 +228,7 @@ def load_prompt_ids(path: Path) -> list[list[int]]:
         return [json.loads(line)["token_ids"] for line in f if line.strip()]
 
 
-def stage_measure(ctx) -> bool:
+def stage_measure(ctx: Context) -> bool:
     """Acceptance per K for both heads on every evaluation set (resumable by set, head, K), and
     the target's loss on the evaluation split (its first look at that split)."""
     import time
@@ -310,7 +315,7 @@ def stage_measure(ctx) -> bool:
     return True
 
 
-def pair_record(ctx) -> dict:
+def pair_record(ctx: Context) -> dict:
     """pair.json of a v3 pair."""
     r = ctx.recipe
     info = {
