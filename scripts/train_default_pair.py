@@ -15,9 +15,14 @@ Stages (each resumable; the state lives in --work-dir):
 
 Each invocation works until --max-minutes have passed, saves, and exits with status 75 when work
 is left ("run me again"), 0 when every stage is done. On one H200 (work dir under build/ so it
-survives between calls on a warm machine; repeat until it exits 0, ~15-20 minutes in total):
+survives between calls on a warm machine; repeat until it exits 0):
 
-  python scripts/train_default_pair.py --device cuda --work-dir build/pair-gpu --max-minutes 8.5
+  python scripts/train_default_pair.py --device cuda --work-dir build/pair-v3 --max-minutes 9
+
+--device cuda runs recipe v3 (gpu-v3, issue 19: corpus = every installed Python source split by
+distribution, a 24-layer target, 4-layer P-EAGLE and 1-layer EAGLE-3 heads, HumanEval next to
+the held-out packages; docs/default-model-pair.md); the shipped pair is v2: --recipe gpu-v2.
+tools/h200.sh pair wraps it for the H200 machine (calls under 9.5 minutes, the bundle in $OUT).
 
 The CPU recipe produced the pair that ships in the package (about an hour on 2 cores):
 
@@ -48,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from default_pair import stdlib_corpus  # noqa: E402
 from default_pair.recipes import (  # noqa: E402
     RECIPES,
+    apply_drafter_settings,
     estimate_minutes,
     estimate_package_bytes,
 )
@@ -128,6 +134,26 @@ def main(argv=None) -> int:
         choices=("auto", "flex", "dense", "chunked"),
         help="peagle train's mask kernel (auto: FlexAttention on CUDA, chunked SDPA on CPU)",
     )
+    v3 = ap.add_argument_group("recipe v3 (corpus 'site')")
+    v3.add_argument(
+        "--corpus-path",
+        action="append",
+        help="look for installed distributions here instead of sys.path (repeatable; tests)",
+    )
+    v3.add_argument("--stdlib-root", type=Path, help="the standard library directory (tests)")
+    v3.add_argument("--no-stdlib", action="store_true", help="leave the stdlib out (tests)")
+    v3.add_argument(
+        "--drafter-settings",
+        type=Path,
+        help='JSON {"peagle": {field: value}, "eagle3": {...}} overriding the heads\' recipe '
+        "fields (the ablation's choice.json)",
+    )
+    v3.add_argument(
+        "--bundle",
+        type=Path,
+        help="once every stage is done, lay the pair and its records out in this directory as "
+        "at most 8 files of at most 16 MiB (a GPU run's $OUT; default_pair/bundle.py unpacks)",
+    )
     ap.add_argument(
         "--dry-run",
         action="store_true",
@@ -140,6 +166,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     recipe = RECIPES[args.recipe or ("gpu" if device.type == "cuda" else "cpu")]
+    if args.drafter_settings is not None:
+        recipe = apply_drafter_settings(recipe, json.loads(args.drafter_settings.read_text()))
     if args.dry_run:
         return print_plan(recipe, args)
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -164,6 +192,9 @@ def main(argv=None) -> int:
         log=log,
         info=done,
         attention=args.attention,
+        corpus_paths=args.corpus_path,
+        stdlib_root=args.stdlib_root,
+        include_stdlib=not args.no_stdlib,
     )
     log(f"recipe {recipe.name}, device {device}, Python {stdlib_corpus.python_version()}")
     sizes = estimate_package_bytes(recipe)
@@ -180,6 +211,9 @@ def main(argv=None) -> int:
             log(f"--only {args.only}: earlier stages not done: {', '.join(missing)}")
             return 2
     for stage in STAGES:
+        if args.until and names.index(stage.name) > names.index(args.until):
+            log(f"stages up to {args.until} done (--until)")
+            return 0
         if done.get(stage.name, {}).get("done"):
             continue
         if args.only and stage.name != args.only:
@@ -202,6 +236,11 @@ def main(argv=None) -> int:
             log("time limit reached between stages; run again to continue")
             return EXIT_MORE_WORK
     log("all stages done")
+    if args.bundle is not None:
+        from default_pair.bundle import pack
+
+        files = pack(args.package_dir, args.work_dir, args.bundle, recipe)
+        log(f"bundle: {len(files)} files in {args.bundle}: {', '.join(f.name for f in files)}")
     return 0
 
 

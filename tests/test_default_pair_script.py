@@ -97,9 +97,9 @@ def test_chunked_run_resumes_and_never_redoes_a_finished_stage(tiny):
 
 
 def test_gpu_dry_run_plan_fits_budget(tmp_path, capsys):
-    rc = script.main(
-        ["--device", "cuda", "--work-dir", str(tmp_path / "w"), "--max-minutes", "8.5", "--dry-run"]
-    )
+    # v2 (the shipped pair); --device cuda's default is v3 (tests/test_default_pair_v3.py)
+    argv = ["--device", "cuda", "--recipe", "gpu-v2", "--work-dir", str(tmp_path / "w")]
+    rc = script.main([*argv, "--max-minutes", "8.5", "--dry-run"])
     out = capsys.readouterr().out
     assert rc == 0
     assert not (tmp_path / "w").exists()  # touches nothing

@@ -12,6 +12,15 @@
 #                           next to the current tree's build, then times each family old, new, old,
 #                           new (the repeat gives the same-variant spread, PERF.md §4); JSON + logs
 #                           in $OUT/ab.tgz
+#   pair [args]             the default pair, recipe v3 (scripts/train_default_pair.py --device cuda)
+#                           in build/pair-v3, each call stopping in time for the 9.5-minute limit;
+#                           exit 75 = call again (the machine must stay warm: the work dir lives
+#                           on it), 0 = done: the pair and its records are in $OUT (<= 8 files
+#                           of <= 16 MiB; unpack with scripts/default_pair/bundle.py unpack)
+#   ablate [args]           the head ablation (scripts/ablate_default_pair.py) in build/ablate;
+#                           ABLATE_LANES=N runs the variants on N GPUs at once; the table and
+#                           choice.json are copied to $OUT; exit 75 = call again
+# CALL_SECONDS (default 555) is what a pair/ablate call may take, build included.
 # SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
 set -uo pipefail
@@ -95,6 +104,41 @@ run_ab() {
   done
   (cd "$OUT" && tar czf ab.tgz ab-* build-old.log && rm -f ab-*.json ab-*.log build-old.log)
 }
+call_minutes() {  # minutes left for the recipe in this call, after the build
+  python3 -c "print(max(0.5, (${CALL_SECONDS:-555} - ($(date +%s) - $t_start) - 25) / 60))"
+}
+run_pair() {
+  local w=${PAIR_WORK_DIR:-build/pair-v3} rc=0
+  python3 scripts/train_default_pair.py --device cuda --work-dir "$w" --max-minutes "$(call_minutes)" \
+    --bundle "$OUT" "$@" > "$OUT/pair.log" 2>&1 || rc=$?
+  echo "pair: rc=$rc ($([ $rc -eq 75 ] && echo 'work left: call again' || echo done))"
+  grep -vE "target: step [0-9]*[1-9]00/|^step " "$OUT/pair.log" | tail -40
+  return $rc
+}
+run_ablate() {
+  local w=${ABLATE_WORK_DIR:-build/ablate} lanes=${ABLATE_LANES:-1} rc=0
+  local s=scripts/ablate_default_pair.py
+  if [ "$lanes" -gt 1 ]; then
+    python3 $s --device cuda --work-dir "$w" --max-minutes "$(call_minutes)" --prepare-only "$@" \
+      > "$OUT/ablate.log" 2>&1 || rc=$?
+    if [ $rc -eq 0 ]; then
+      local m=$(call_minutes) pids=""
+      for i in $(seq 0 $((lanes - 1))); do
+        CUDA_VISIBLE_DEVICES=$i python3 $s --device cuda --work-dir "$w" --max-minutes "$m" \
+          --lanes "$lanes" --lane "$i" "$@" > "$w/lane$i.log" 2>&1 & pids="$pids $!"
+      done
+      for p in $pids; do wait $p || { r=$?; [ $r -eq 75 ] && rc=75 || { [ $rc -eq 0 ] && rc=$r; }; }; done
+      python3 $s --work-dir "$w" --summarize "$@" >> "$OUT/ablate.log" 2>&1
+      cat "$w"/lane*.log >> "$OUT/ablate.log"
+    fi
+  else
+    python3 $s --device cuda --work-dir "$w" --max-minutes "$(call_minutes)" "$@" \
+      > "$OUT/ablate.log" 2>&1 || rc=$?
+  fi
+  for f in ablation.md ablation.json choice.json; do [ -f "$w/$f" ] && cp "$w/$f" "$OUT/"; done
+  echo "ablate: rc=$rc"; grep -E "ablate:|target: done|regen:|corpus v3" "$OUT/ablate.log" | tail -40
+  return $rc
+}
 t_start=$(date +%s)
 case $cmd in
   build) build ;;
@@ -102,6 +146,8 @@ case $cmd in
   sanitize) build; sanitize "$@" ;;
   bench) build; run_bench "$@" ;;
   ab) build; run_ab "$@" ;;
+  pair) build; run_pair "$@"; exit $? ;;
+  ablate) build; run_ablate "$@"; exit $? ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|ablate|all] ..."; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ def acceptance_lengths(
     done: dict | None = None,
     should_stop=None,
     on_result=None,
+    prompt_ids: list[list[int]] | None = None,
 ) -> dict | None:
     """``{K: {"acceptance_length", "per_position_acceptance", "tokens"}}`` over all prompts.
 
@@ -29,6 +30,8 @@ def acceptance_lengths(
     Resumable by K: ``done`` holds results already measured (skipped), ``on_result(k, res)`` is
     called after each K, and ``should_stop()`` is asked after each K; ``None`` is returned when it
     said stop with Ks left (at least one K is measured per call).
+
+    ``prompt_ids`` (v3): the prompts as token ids, used instead of tokenizing ``prompts``.
     """
     from transformers import AutoTokenizer
 
@@ -38,7 +41,10 @@ def acceptance_lengths(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     target, drafter = load_model_pair(str(target_dir), str(drafter_dir), device=device, dtype=dtype)
-    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    if prompt_ids is not None:
+        ids = [list(p) for p in prompt_ids]
+    else:
+        ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     results = dict(done or {})
     measured = 0
     for k in ks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from default_pair.target_lm import TargetRecipe, TargetShape
+from default_pair.target_lm import TargetRecipe, TargetShape, planned_steps
 
 
 @dataclass
@@ -23,6 +23,12 @@ class DrafterRecipe:
     # peagle train --time-budget: `steps` becomes a cap and the run is sized to end within this
     # many minutes (loading and compiling included); 0 = exactly `steps`
     budget_minutes: float = 0.0
+    # v3 ablation switches (peagle train flags; the defaults are v2's behaviour)
+    max_anchors: int = 0  # --max-anchors: chains starting per sequence (0 = no cap)
+    exclude_prompt_loss: bool = False  # --prompt-len-field prompt_len (regenerated data)
+    norm_before_residual: bool = False  # --norm-before-residual
+    freeze_lm_head: bool = False  # --freeze-lm-head
+    warmup_steps: int = 50
 
 
 @dataclass
@@ -45,6 +51,19 @@ class Recipe:
     regen_temperatures: tuple = (0.0, 0.7)
     regen_batch: int = 64
     extra: dict = field(default_factory=dict)
+    # -- v3 (issue 19) ------------------------------------------------------------------------
+    # "stdlib": the interpreter's standard library, held-out modules by name (v1/v2);
+    # "site": every installed Python source, held-out distributions by rule (site_corpus.py)
+    corpus: str = "stdlib"
+    tokenizer_max_bytes: int = 0  # BPE trained on at most this much training text (0 = all)
+    humaneval: bool = False  # also measure on the 164 HumanEval prompts
+    humaneval_prompts: int = 0  # the first N of them (0 = all; tests)
+    validation_prompts: int = 0  # prompts from the validation split (the ablation's metric)
+    regen_budget_minutes: float = 0.0  # stop regenerating after this (0 = all regen_prompts)
+    max_shard_bytes: int = 0  # package: safetensors files of at most this size (0 = no limit)
+    measure_batch: int = 16  # sequences decoded at once by the measurement
+    ks: tuple = tuple(range(1, 11))  # K measured
+    report_name: str = ""  # docs/default-model-pair-<report_name>.md (default: the name)
 
 
 RECIPES = {
@@ -70,8 +89,9 @@ RECIPES = {
     # ~0.8 top-1 there and inflated training accuracy, while acceptance is decided in the first
     # ~96 tokens after a real-code prompt (depth-0 agreement ~0.6 there). Same token budget:
     # 40000 prompts x (64 + 128) tokens.
-    "gpu": Recipe(
-        name="gpu",
+    "gpu-v2": Recipe(
+        name="gpu-v2",
+        report_name="gpu",  # the shipped record, docs/default-model-pair-gpu.md
         vocab_size=2048,
         target=TargetShape(hidden_size=256, num_layers=6, intermediate_size=448, num_kv_heads=2),
         target_train=TargetRecipe(steps=4000, batch_size=32, seq_len=512, lr=2e-3, warmup=200),
@@ -124,6 +144,77 @@ RECIPES = {
 # The first CPU run (recorded in docs/default-model-pair.md): drafters on the raw training split.
 RECIPES["cpu-raw"] = replace(RECIPES["cpu"], name="cpu-raw", regen_prompts=0)
 
+# Recipe v3 (issue 19): a 24-layer target on every Python source of the machine, released-shape
+# heads, HumanEval next to held-out packages; one H200 reservation (~28 min in calls < 9.5 min).
+# Every GPU stage is sized by time (target, regeneration and heads stop at their budgets, the
+# step/prompt counts being caps), so the run fits the reservation whatever the throughput; the
+# counts reached are recorded. Sizes: the whole pair bf16 <= 32 MiB, shards <= 15 MiB.
+_V3_HEAD = dict(seq_len=256, lr=1e-3, pack=64, steps=200000, intermediate_size=384, k=10)
+RECIPES["gpu-v3"] = Recipe(
+    name="gpu-v3",
+    corpus="site",
+    vocab_size=2048,
+    tokenizer_max_bytes=64 * 2**20,
+    target=TargetShape(hidden_size=256, num_layers=24, intermediate_size=352, num_kv_heads=2),
+    target_train=TargetRecipe(
+        steps=20000,
+        batch_size=64,
+        seq_len=1024,
+        lr=2e-3,
+        warmup=200,
+        max_epochs=2.0,
+        budget_minutes=7.0,
+    ),
+    # equal budgets: the comparison of the two heads is at equal training time
+    peagle=DrafterRecipe(num_layers=4, budget_minutes=6.0, **_V3_HEAD),
+    eagle3=DrafterRecipe(num_layers=1, budget_minutes=6.0, **_V3_HEAD),
+    draft_vocab_size=1024,
+    eval_prompts=96,
+    eval_prompt_tokens=96,
+    eval_new_tokens=128,
+    humaneval=True,
+    validation_prompts=64,
+    # 10x v2's 7.7 M tokens would be 400000 x 192 (the cap); the budget decides how many are
+    # made: ~1.5 min gives ~3x v2, about what the heads' budgets can consume (--dry-run)
+    regen_prompts=400000,
+    regen_prompt_tokens=64,
+    regen_new_tokens=128,
+    regen_temperatures=(0.0,),
+    regen_batch=8192,
+    regen_budget_minutes=1.5,
+    max_package_bytes=32 * 2**20,
+    max_shard_bytes=15 * 2**20,
+    measure_batch=64,
+)
+RECIPES["gpu"] = RECIPES["gpu-v3"]  # --device cuda's recipe
+# The ablation's reduced scale (scripts/ablate_default_pair.py, separate reservations): the same
+# corpus and shapes, a shorter target and regeneration; each variant head trains for its own
+# short budget and is scored by validation acceptance.
+RECIPES["gpu-v3-ablate"] = replace(
+    RECIPES["gpu-v3"],
+    name="gpu-v3-ablate",
+    target_train=replace(RECIPES["gpu-v3"].target_train, budget_minutes=4.0, max_epochs=1.0),
+    regen_prompts=100000,
+    regen_budget_minutes=1.5,
+    humaneval=False,
+    eval_prompts=0,
+)
+
+
+def apply_drafter_settings(r: Recipe, settings: dict) -> Recipe:
+    """``r`` with the heads' fields overridden: ``{"peagle": {field: value}, "eagle3": {...}}``
+    (the ablation driver's choice.json); unknown heads or fields are refused."""
+    heads = {}
+    for method, fields in settings.items():
+        if method not in ("peagle", "eagle3"):
+            raise ValueError(f"drafter settings for {method!r}: only peagle and eagle3 exist")
+        known = DrafterRecipe.__dataclass_fields__
+        bad = sorted(set(fields) - set(known))
+        if bad:
+            raise ValueError(f"drafter settings for {method}: unknown fields {bad}")
+        heads[method] = replace(getattr(r, method), **fields)
+    return replace(r, **heads)
+
 
 def _layer_params(h: int, in_size: int, heads: int, kv: int, d: int, inter: int) -> int:
     attn = in_size * heads * d + 2 * in_size * kv * d + heads * d * h
@@ -172,6 +263,19 @@ ENGINE_STEP_S = 0.015  # one SpecDecoder step (draft + verify), no CUDA graphs
 CPU_STAGES_S = 30.0  # tokenizer + tokenize (CPU work on the device's cores)
 
 
+# v3 (corpus "site"; extrapolated from the v1/v2 measurements above, no v3 stage has run on an
+# H200 yet: the ablation reservation's log is the first measurement, and these follow it)
+SITE_CORPUS_BYTES = 394.5e6  # the H200 image's unique .py files (issue 19, measured)
+SITE_CORPUS_S = 25.0  # find, read, hash 24 k files, write the splits
+BPE_MB_PER_S = 4.0  # tokenizers BPE training, 16 cores (2 cores here: 1.6)
+ENCODE_MB_PER_S = 8.0  # tokenizers encode_batch, 16 cores (2 cores here: ~1)
+TARGET_TOKENS_PER_S_V1 = 600e3  # v1's 6 x 256 target (3.24 M non-embedding parameters)
+TARGET_V1_LAYER_PARAMS = 6 * (196_608 + 3 * 256 * 448)
+HF_DECODE_LAYER_S = 0.0020  # per layer of one cached forward at batch 8192 (6 layers, 256: 1.3 ms)
+DRAFTER_TOKENS_PER_S = {"peagle": 51e3 * 3 / 4, "eagle3": 25e3}  # v2's, peagle scaled to 4 layers
+TARGET_EXPORT_S = 25.0  # final train/validation loss (256 windows each) + bf16 export
+
+
 def target_params(r: Recipe) -> int:
     t = r.target
     h, d = t.hidden_size, t.head_dim
@@ -186,6 +290,8 @@ def estimate_minutes(r: Recipe) -> list[tuple[str, str, float]]:
     # 6 N per token (fwd + bwd, tied lm_head counted once in N) + causal attention scores
     flops = tokens * (6 * target_params(r) + 6 * t.num_layers * t.hidden_size * tt.seq_len)
     step_s = max(TARGET_STEP_FLOOR_S, flops / tt.steps / H200_EFFECTIVE_FLOPS)
+    if r.corpus == "site":
+        return _estimate_minutes_v3(r)
     plan = [
         ("tokenizer+tokenize", "BPE + token streams of the stdlib (CPU)", CPU_STAGES_S / 60),
         (
@@ -240,6 +346,86 @@ def estimate_minutes(r: Recipe) -> list[tuple[str, str, float]]:
             f"2 heads x K 1..10 x {r.eval_prompts} prompts x {r.eval_new_tokens} tokens "
             f"(~{steps:.0f} engine steps at AL ~2)",
             (steps * ENGINE_STEP_S + 20) / 60,
+        )
+    )
+    plan.append(("report", "docs/default-model-pair-<recipe>.md", 0.05))
+    return plan
+
+
+def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
+    t, tt = r.target, r.target_train
+    corpus_mb = SITE_CORPUS_BYTES / 1e6
+    bpe_mb = min(corpus_mb, r.tokenizer_max_bytes / 1e6) if r.tokenizer_max_bytes else corpus_mb
+    cpu_s = SITE_CORPUS_S + bpe_mb / BPE_MB_PER_S + corpus_mb / ENCODE_MB_PER_S
+    plan = [
+        (
+            "tokenizer+tokenize",
+            f"corpus v3 (~{corpus_mb:.0f} MB of .py, split by distribution), BPE on "
+            f"{bpe_mb:.0f} MB of the training split, token streams (CPU)",
+            cpu_s / 60,
+        )
+    ]
+    layer_params = t.num_layers * _layer_params(
+        t.hidden_size, t.hidden_size, t.hidden_size // t.head_dim, t.num_kv_heads, t.head_dim,
+        t.intermediate_size,
+    )  # fmt: skip
+    rate = TARGET_TOKENS_PER_S_V1 * TARGET_V1_LAYER_PARAMS / layer_params
+    train_tokens = SITE_CORPUS_BYTES * 0.82 / 3.0  # ~82 % of the bytes train, ~3 bytes/token
+    cap = planned_steps(tt, int(train_tokens)) * tt.batch_size * tt.seq_len
+    fit = tt.budget_minutes * 60 * rate if tt.budget_minutes > 0 else cap
+    tokens = min(cap, fit)
+    target_min = (tokens / rate + TARGET_EXPORT_S) / 60
+    plan.append(
+        (
+            "target",
+            f"{t.num_layers} layers x {t.hidden_size}, ~{rate / 1e3:.0f} k tok/s: "
+            f"~{tokens / 1e6:.0f} M tokens (~{tokens / train_tokens:.2f} epochs; cap "
+            f"{tt.max_epochs:g} epochs = {cap / 1e6:.0f} M) in a {tt.budget_minutes:g}-min budget",
+            target_min,
+        )
+    )
+    step_s = HF_DECODE_LAYER_S * t.num_layers
+    batch_s = (r.regen_new_tokens + 1) * step_s
+    batches = -(-r.regen_prompts // r.regen_batch)
+    if r.regen_budget_minutes > 0:
+        batches = min(batches, max(1, int(r.regen_budget_minutes * 60 / batch_s)))
+    seq_tokens = r.regen_prompt_tokens + r.regen_new_tokens
+    regen_tokens = batches * r.regen_batch * seq_tokens
+    plan.append(
+        (
+            "regen",
+            f"~{batches} batches of {r.regen_batch} x ({r.regen_prompt_tokens} + "
+            f"{r.regen_new_tokens}) = ~{regen_tokens / 1e6:.0f} M tokens "
+            f"({regen_tokens / 7.68e6:.1f}x v2's 7.7 M; cap {r.regen_prompts} prompts), "
+            f"{step_s * 1e3:.0f} ms per cached forward",
+            (batches * batch_s + 20) / 60,
+        )
+    )
+    for name in ("peagle", "eagle3"):
+        dr = getattr(r, name)
+        seen = max(0.0, dr.budget_minutes * 60 - DRAFTER_START_S) * DRAFTER_TOKENS_PER_S[name]
+        plan.append(
+            (
+                name,
+                f"{dr.num_layers} layers, MLP {dr.intermediate_size}, K {dr.k}, pack {dr.pack}, "
+                f"{dr.budget_minutes:g}-min budget: ~{seen / 1e6:.0f} M tokens seen at "
+                f"~{DRAFTER_TOKENS_PER_S[name] / 1e3:.0f} k tok/s "
+                f"(~{seen / max(1, regen_tokens):.2f} epochs of the data)",
+                dr.budget_minutes,
+            )
+        )
+    plan.append(("package", "copy bf16 pair, size and shard checks", 0.05))
+    nsets = {"evaluation": r.eval_prompts, "humaneval": 164 if r.humaneval else 0}
+    calls = sum(-(-n // r.measure_batch) for n in nsets.values() if n)
+    sets = " + ".join(f"{v} {k}" for k, v in nsets.items() if v)
+    steps = 2 * len(r.ks) * calls * r.eval_new_tokens / 2.5  # AL ~2.5
+    plan.append(
+        (
+            "measure",
+            f"2 heads x K {r.ks[0]}..{r.ks[-1]} x ({sets}) prompts x {r.eval_new_tokens} "
+            f"tokens, batch {r.measure_batch} "
+            f"(~{steps:.0f} engine steps at AL ~2.5), evaluation-split loss",
+            (steps * ENGINE_STEP_S * 1.3 + 40) / 60,
         )
     )
     plan.append(("report", "docs/default-model-pair-<recipe>.md", 0.05))

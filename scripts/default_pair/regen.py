@@ -43,9 +43,16 @@ def regenerate(
     seed: int = 0,
     log=print,
     deadline: float = float("inf"),
+    budget_s: float = 0.0,
+    record_prompt_len: bool = False,
 ) -> int | None:
     """Write ``{"input_ids": prompt + continuation}`` lines; returns the number of tokens, or
     ``None`` when ``deadline`` (a ``time.monotonic()`` value) passed with batches left.
+
+    ``budget_s`` > 0 (v3): stop, finished, once the batches done (in all calls together) took
+    this long or the next one would pass it (``num_prompts`` is then a cap; at least one batch).
+    ``record_prompt_len`` adds ``"prompt_len"`` to every line (the loss can then exclude the
+    prompt: ``peagle train --prompt-len-field prompt_len``).
 
     Resumable by batch: after each batch the byte length of ``out_path`` and the sampling
     generator's state go to ``out_path`` + ``.state``; a rerun truncates the file to that length
@@ -59,11 +66,12 @@ def regenerate(
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.numel() - prompt_tokens - 1, (num_prompts,), generator=gen)
-    total, first_batch = 0, 0
+    total, first_batch, spent = 0, 0, 0.0
     state_path = Path(str(out_path) + ".state")
     if state_path.is_file() and out_path.is_file():
         st = torch.load(state_path, weights_only=False)
         first_batch, total = st["batches"], st["tokens"]
+        spent = st.get("spent_s", 0.0)
         gen.set_state(st["gen"])
         with open(out_path, "r+b") as f:
             f.truncate(st["bytes"])
@@ -71,11 +79,19 @@ def regenerate(
     else:
         out_path.write_bytes(b"")
     batches = list(enumerate(range(0, num_prompts, batch_size)))
+    slowest = 0.0
     with open(out_path, "ab") as f:
         for b, s in batches[first_batch:]:
+            if budget_s > 0 and b > 0 and spent + slowest > budget_s:
+                log(
+                    f"regen: budget of {budget_s:.0f} s reached after {b}/{len(batches)} "
+                    f"batches ({spent:.0f} s, {total} tokens)"
+                )
+                break
             if b > first_batch and time.monotonic() > deadline:
                 log(f"regen: paused after {b}/{len(batches)} batches (time limit)")
                 return None
+            t_batch = time.monotonic()
             idx = starts[s : s + batch_size].tolist()
             x = torch.stack([stream[i : i + prompt_tokens] for i in idx]).long().to(device)
             temp = temperatures[b % len(temperatures)]
@@ -90,13 +106,23 @@ def regenerate(
                 new.append(nxt)
                 cache, logits = _forward(model, nxt, cache)
             seqs = torch.cat([x, *new], dim=1).cpu()
+            extra = {"prompt_len": prompt_tokens} if record_prompt_len else {}
             for row in seqs.tolist():
-                f.write((json.dumps({"input_ids": row}) + "\n").encode())
+                f.write((json.dumps({"input_ids": row, **extra}) + "\n").encode())
             total += seqs.numel()
             f.flush()
+            dt = time.monotonic() - t_batch
+            spent += dt
+            slowest = max(slowest, dt)  # the next batch is assumed to take as long
             tmp = state_path.with_suffix(".tmp")
             torch.save(
-                {"batches": b + 1, "tokens": total, "bytes": f.tell(), "gen": gen.get_state()},
+                {
+                    "batches": b + 1,
+                    "tokens": total,
+                    "bytes": f.tell(),
+                    "gen": gen.get_state(),
+                    "spent_s": spent,
+                },
                 tmp,
             )
             tmp.replace(state_path)

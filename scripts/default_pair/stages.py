@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from default_pair import stdlib_corpus
-from default_pair.recipes import Recipe
+from default_pair.recipes import DrafterRecipe, Recipe
 from default_pair.target_lm import export_target, train_target
 from default_pair.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer, train_tokenizer
 
@@ -29,6 +29,10 @@ class Context:
     # True while no stage has run yet in this invocation: such a stage always makes progress
     # (a later one may decline to start when too little time is left).
     first_stage: bool = True
+    # corpus v3 sources (tests point these at a small fake installation)
+    corpus_paths: list[str] | None = None  # where distributions are looked up (None: sys.path)
+    stdlib_root: Path | None = None  # the standard library directory (None: the interpreter's)
+    include_stdlib: bool = True
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -48,7 +52,15 @@ class Stage:
     run: Callable[[Context], bool]
 
 
+def _v3(ctx: Context) -> bool:
+    return ctx.recipe.corpus == "site"
+
+
 def stage_tokenizer(ctx: Context) -> bool:
+    if _v3(ctx):
+        from default_pair import stages_v3
+
+        return stages_v3.stage_tokenizer(ctx)
     train, held = stdlib_corpus.load_stdlib()
     ctx.log(
         f"stdlib {stdlib_corpus.stdlib_root()} (Python {stdlib_corpus.python_version()}): "
@@ -68,6 +80,10 @@ def stage_tokenizer(ctx: Context) -> bool:
 
 
 def stage_tokenize(ctx: Context) -> bool:
+    if _v3(ctx):
+        from default_pair import stages_v3
+
+        return stages_v3.stage_tokenize(ctx)
     tok = load_tokenizer(ctx.tokenizer_dir)
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
     train, held = stdlib_corpus.load_stdlib()
@@ -103,6 +119,9 @@ def stage_tokenize(ctx: Context) -> bool:
 def stage_target(ctx: Context) -> bool:
     tok = load_tokenizer(ctx.tokenizer_dir)
     r = ctx.recipe
+    # v3: the loss is watched on the validation split (the evaluation split stays unseen)
+    kw = {"eval_windows": 256, "spread_eval": True, "eval_name": "validation"} if _v3(ctx) else {}
+    held_name = "validation" if _v3(ctx) else "held_out"
     finished = train_target(
         ctx.work_dir / "target_run",
         r.target,
@@ -110,10 +129,11 @@ def stage_target(ctx: Context) -> bool:
         len(tok),
         tok.convert_tokens_to_ids(EOS_TOKEN),
         torch.load(ctx.work_dir / "train_stream.pt"),
-        torch.load(ctx.work_dir / "held_out_stream.pt"),
+        torch.load(ctx.work_dir / f"{held_name}_stream.pt"),
         ctx.device,
         ctx.deadline,
         ctx.log,
+        **kw,
     )
     if finished:
         export_target(
@@ -122,7 +142,11 @@ def stage_target(ctx: Context) -> bool:
             len(tok),
             tok.convert_tokens_to_ids(EOS_TOKEN),
             ctx.target_dir,
+            max_shard_bytes=r.max_shard_bytes,
         )
+        result = ctx.work_dir / "target_run" / "result.json"
+        if _v3(ctx) and result.is_file():
+            ctx.info["target_result"] = json.loads(result.read_text())
         tok.save_pretrained(str(ctx.target_dir))
         ctx.log(
             f"target written to {ctx.target_dir} (mask token id "
@@ -131,14 +155,17 @@ def stage_target(ctx: Context) -> bool:
     return finished
 
 
-def _train_drafter(ctx: Context, method: str) -> bool:
-    """``peagle train`` (the real CLI) for one head; resumes from its output directory."""
+def _train_drafter(
+    ctx: Context, method: str, r: DrafterRecipe | None = None, out: Path | None = None
+) -> bool:
+    """``peagle train`` (the real CLI) for one head; resumes from its output directory.
+    ``r`` / ``out``: another head recipe and output directory (the ablation's variants)."""
     import time
 
     from peagle.cli import main as peagle_main
 
-    r = getattr(ctx.recipe, method)
-    out = ctx.work_dir / method
+    r = getattr(ctx.recipe, method) if r is None else r
+    out = ctx.work_dir / method if out is None else out
     remaining = ctx.deadline - time.monotonic()
     # Loading the target and data and compiling FlexAttention take up to a minute on CUDA: not
     # worth starting with less left, unless nothing else ran in this call (always progress).
@@ -167,6 +194,7 @@ def _train_drafter(ctx: Context, method: str) -> bool:
         "--pack", str(r.pack),
         "--time-budget", str(r.budget_minutes * 60),
         "--lr", str(r.lr),
+        *_switch_flags(r, ctx.recipe),
         "--device", str(ctx.device),
         "--attention", ctx.attention,
         "--save-every", "100",
@@ -191,6 +219,48 @@ def _train_drafter(ctx: Context, method: str) -> bool:
     return rc == 0
 
 
+def _switch_flags(r: DrafterRecipe, recipe: Recipe) -> list[str]:
+    """The v3 ablation switches and settings as ``peagle train`` flags (none at their defaults,
+    so a v2 recipe's command line is unchanged)."""
+    out = []
+    if r.warmup_steps != 50:
+        out += ["--warmup-steps", str(r.warmup_steps)]
+    if r.max_anchors > 0:
+        out += ["--max-anchors", str(r.max_anchors)]
+    if r.exclude_prompt_loss:
+        if recipe.regen_prompts <= 0:
+            raise SystemExit("exclude_prompt_loss needs regenerated data (regen_prompts > 0)")
+        out += ["--prompt-len-field", "prompt_len"]
+    if r.norm_before_residual:
+        out.append("--norm-before-residual")
+    if r.freeze_lm_head:
+        out.append("--freeze-lm-head")
+    return out
+
+
+def drafter_record(work_dir: Path, method: str, r: DrafterRecipe) -> dict:
+    """What a trained head saw: settings, steps, tokens, last logged loss/acceptance."""
+    from dataclasses import asdict
+
+    out = {"settings": asdict(r)}
+    state_path = work_dir / method / "train_state.pt"
+    log_path = work_dir / method / "train_log.jsonl"
+    if state_path.is_file():
+        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        out["steps"] = st["step"]
+        out["sequences_seen"] = st["position"]
+    if log_path.is_file():
+        lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
+        if lines:
+            last = lines[-1]
+            out["last_log"] = {
+                k: last.get(k)
+                for k in ("step", "loss", "acc_per_depth", "loss_share_per_depth", "tokens_per_s")
+            }
+            out["elapsed_s"] = last.get("elapsed_s")
+    return out
+
+
 def stage_regen(ctx: Context) -> bool:
     from default_pair.regen import regenerate
 
@@ -210,20 +280,32 @@ def stage_regen(ctx: Context) -> bool:
         device=ctx.device,
         log=ctx.log,
         deadline=ctx.deadline,
+        budget_s=r.regen_budget_minutes * 60,
+        record_prompt_len=_v3(ctx),
     )
     if tokens is None:
         return False
-    ctx.log(f"regen: {r.regen_prompts} sequences, {tokens} tokens")
+    seqs = tokens // (r.regen_prompt_tokens + r.regen_new_tokens)
+    ctx.log(f"regen: {seqs} sequences (of at most {r.regen_prompts}), {tokens} tokens")
     ctx.info.setdefault("corpus", {})["regen_tokens"] = tokens
     return True
 
 
+def _drafter_stage(ctx: Context, method: str) -> bool:
+    finished = _train_drafter(ctx, method)
+    if finished and _v3(ctx):
+        ctx.info.setdefault("drafters", {})[method] = drafter_record(
+            ctx.work_dir, method, getattr(ctx.recipe, method)
+        )
+    return finished
+
+
 def stage_peagle(ctx: Context) -> bool:
-    return _train_drafter(ctx, "peagle")
+    return _drafter_stage(ctx, "peagle")
 
 
 def stage_eagle3(ctx: Context) -> bool:
-    return _train_drafter(ctx, "eagle3")
+    return _drafter_stage(ctx, "eagle3")
 
 
 _SHIPPED_SUFFIXES = (".json", ".safetensors", ".txt")
@@ -258,12 +340,27 @@ def stage_package(ctx: Context) -> bool:
         raise SystemExit(
             f"the pair takes {total} bytes, over the {ctx.recipe.max_package_bytes}-byte budget"
         )
+    if ctx.recipe.max_shard_bytes > 0:
+        big = [
+            (str(f.relative_to(pkg)), f.stat().st_size)
+            for f in sorted(pkg.rglob("*"))
+            if f.is_file() and f.stat().st_size > ctx.recipe.max_shard_bytes
+        ]
+        if big:
+            raise SystemExit(f"files over {ctx.recipe.max_shard_bytes} bytes: {big}")
     ctx.info["package_bytes"] = sizes
     _write_pair_json(ctx)
     return True
 
 
 def _write_pair_json(ctx: Context) -> None:
+    if _v3(ctx):
+        from default_pair import stages_v3
+
+        info = stages_v3.pair_record(ctx)
+        text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+        (ctx.package_dir / "pair.json").write_text(text)
+        return
     info = {
         "python_version": stdlib_corpus.python_version(),
         "corpus": ctx.info.get("corpus", {}),
@@ -286,6 +383,13 @@ def _write_pair_json(ctx: Context) -> None:
 
 
 def stage_measure(ctx: Context) -> bool:
+    if _v3(ctx):
+        from default_pair import stages_v3
+
+        finished = stages_v3.stage_measure(ctx)
+        if finished:
+            _write_pair_json(ctx)
+        return finished
     import time
 
     from default_pair.measure import acceptance_lengths, load_prompts

@@ -84,6 +84,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "or '<|mask|>')",
     )
     d.add_argument(
+        "--norm-before-residual",
+        action="store_true",
+        help="the first layer's residual is the normed hidden input (norm_before_residual in "
+        "config.json; default: the raw fc output, as the released heads)",
+    )
+    d.add_argument(
+        "--freeze-lm-head",
+        action="store_true",
+        help="keep lm_head at its initial value (the target's rows of the draft vocabulary)",
+    )
+    d.add_argument(
         "--aux-layer-ids",
         type=int,
         nargs=3,
@@ -101,6 +112,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     t.add_argument("--cod-r", type=float, default=0.7, help="COD retention ratio r (default 0.7)")
     t.add_argument("--cod-r-min", type=float, default=0.2, help="COD floor r_min (default 0.2)")
+    t.add_argument(
+        "--max-anchors",
+        type=int,
+        help="at most N chains (depth >= 1) start per training sequence, like speculators' "
+        "max_anchors: depth 0 keeps every position, so most of the loss moves to depth 0 "
+        "(default: no cap)",
+    )
+    t.add_argument(
+        "--prompt-len-field",
+        help="JSONL field with each document's prompt length in tokens: labels that predict a "
+        "prompt token carry no loss (default: every label is supervised)",
+    )
     t.add_argument(
         "--partitions",
         type=int,
@@ -225,6 +248,7 @@ _NUMERIC = (
     ("--save-every", "save_every", 1),
     ("--log-every", "log_every", 1),
     ("--num-layers", "num_layers", 1),
+    ("--max-anchors", "max_anchors", 0),
     ("--intermediate-size", "intermediate_size", 1),
     ("--draft-vocab-size", "draft_vocab_size", 1),
     ("--mask-token-id", "mask_token_id", 0),
@@ -318,6 +342,10 @@ def run(args) -> int:
         num_depths=args.num_depths,
         cod_r=args.cod_r,
         cod_r_min=args.cod_r_min,
+        max_anchors=args.max_anchors,
+        prompt_len_field=args.prompt_len_field,
+        norm_before_residual=args.norm_before_residual,
+        freeze_lm_head=args.freeze_lm_head,
         partitions=args.partitions,
         seq_len=args.seq_len,
         steps=args.steps,

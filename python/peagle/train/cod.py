@@ -9,6 +9,11 @@ positions, drawn uniformly without replacement from the *candidates*: positions 
 predecessor ``p - 1`` was kept at depth ``d - 1``, whose loss mask is 1 and that lie in the same
 document as ``p - 1``. Every kept depth-``d`` element therefore keeps its depth-``(d-1)``
 predecessor ``(a, d-1)`` in the same chain.
+
+With ``max_anchors = M`` (speculators' ``max_anchors``) at most ``M`` chains start per document:
+the depth-1 candidates of each document are cut to ``M`` drawn uniformly without replacement
+(the *seeds*), and the counts above use the number of seeds instead of ``n_valid``. Depth 0 still
+keeps every position, so most of the loss is on depth 0 when ``M`` is small.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def cod_sample(
     loss_mask: torch.Tensor | None = None,
     doc_ids: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    max_anchors: int | None = None,
 ) -> Elements:
     """Sample the COD layout of one sequence of ``n`` shifted positions.
 
@@ -63,6 +69,8 @@ def cod_sample(
         loss_mask: ``[n]`` bool, label loss mask per reference position (default all True).
         doc_ids: ``[n]`` int document id per position (default one document).
         generator: CPU generator for the draws.
+        max_anchors: at most this many chains (depth >= 1) start in each document (None: no
+            cap; the draws without a cap are exactly those of earlier versions).
 
     Returns:
         :class:`Elements` on CPU.
@@ -85,10 +93,15 @@ def cod_sample(
         eligible[0] = False
     if doc is not None and n > 1:
         eligible[1:] &= doc[1:] == doc[:-1]
+    seeds = None
+    if max_anchors is not None:
+        seeds, n_valid = _cap_seeds(eligible, doc, max_anchors, generator)
     for d in range(1, num_depths):
         cand = torch.zeros(n, dtype=torch.bool)
         cand[1:] = kept[:-1]
         cand &= eligible
+        if d == 1 and seeds is not None:
+            cand &= seeds
         cand_pos = cand.nonzero().flatten()
         count = min(cod_count(n_valid, d, r, r_min), cand_pos.numel())
         if count <= 0:
@@ -100,3 +113,25 @@ def cod_sample(
         anchors.append(pos - d)
         depths.append(torch.full((count,), d, dtype=torch.long))
     return Elements(torch.cat(anchors), torch.cat(depths))
+
+
+def _cap_seeds(
+    eligible: torch.Tensor,
+    doc: torch.Tensor | None,
+    max_anchors: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, int]:
+    """``(seeds [n] bool, number of seeds)``: the depth-1 candidates (``eligible``) of each
+    document, cut to ``max_anchors`` drawn uniformly without replacement (documents in order)."""
+    if max_anchors < 0:
+        raise ValueError(f"max_anchors must be >= 0, got {max_anchors}")
+    pos = eligible.nonzero().flatten()
+    seeds = torch.zeros_like(eligible)
+    if pos.numel() == 0:
+        return seeds, 0
+    groups = [pos] if doc is None else [pos[doc[pos] == v] for v in torch.unique(doc[pos])]
+    for g in groups:
+        if g.numel() > max_anchors:
+            g = g[torch.randperm(g.numel(), generator=generator)[:max_anchors]]
+        seeds[g] = True
+    return seeds, int(seeds.sum())

@@ -20,12 +20,27 @@ import torch
 def iter_documents(
     paths: Sequence[str | Path], glob: str = "*", field: str = "text"
 ) -> Iterator[str | list[int]]:
+    """Yield documents: texts, or token-id lists (see :func:`iter_records`)."""
+    for doc, _ in iter_records(paths, glob, field):
+        yield doc
+
+
+def iter_records(
+    paths: Sequence[str | Path],
+    glob: str = "*",
+    field: str = "text",
+    prompt_len_field: str | None = None,
+) -> Iterator[tuple[str | list[int], int]]:
     """Yield documents: texts, or token-id lists (a JSONL ``field`` holding a list of ints).
 
     ``*.jsonl`` files give one document per line (``field``), other files one document each;
     directories are searched recursively for files matching ``glob``. Non-JSONL files that are not
     UTF-8 text are skipped (one note on stderr); a JSONL line that is not UTF-8 JSON raises
-    ``ValueError`` naming the file and line."""
+    ``ValueError`` naming the file and line.
+
+    Each document comes with its prompt length: the JSONL ``prompt_len_field`` (a number of
+    leading tokens whose labels carry no loss, e.g. the prompt of a regenerated sequence), or 0
+    (no such field asked for, a line without it, a non-JSONL file)."""
     skipped: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -49,16 +64,23 @@ def iter_documents(
                         if not isinstance(obj, dict) or field not in obj:
                             raise ValueError(f"{f}:{i + 1}: JSON object has no {field!r} field")
                         value = obj[field]
+                        plen = 0
+                        if prompt_len_field is not None:
+                            plen = obj.get(prompt_len_field, 0)
+                            if not isinstance(plen, int) or plen < 0:
+                                raise ValueError(
+                                    f"{f}:{i + 1}: {prompt_len_field!r} must be an integer >= 0"
+                                )
                         # a list of ints is an already tokenised document (e.g. regenerated
                         # by the target), used as is
-                        yield value if isinstance(value, list) else str(value)
+                        yield (value if isinstance(value, list) else str(value)), plen
             else:
                 try:
                     text = f.read_text(encoding="utf-8")
                 except UnicodeDecodeError:
                     skipped.append(f)
                     continue
-                yield text
+                yield text, 0
     if skipped:
         print(
             f"peagle train: note: skipped {len(skipped)} file(s) that are not UTF-8 text "
@@ -73,16 +95,29 @@ def tokenize_documents(
     """Token sequences (int32, ``min_len <= len <= seq_len + 1``) of the documents, in order.
 
     Text documents get the tokenizer's EOS appended; token-id lists are taken as they are."""
+    return tokenize_documents_with_prompt_lens(texts, None, tokenizer, seq_len, min_len)[0]
+
+
+def tokenize_documents_with_prompt_lens(
+    texts: Sequence[str | list[int]],
+    prompt_lens: Sequence[int] | None,
+    tokenizer,
+    seq_len: int,
+    min_len: int = 16,
+) -> tuple[list[torch.Tensor], list[int]]:
+    """:func:`tokenize_documents` with each piece's prompt length: the prompt tokens of its
+    document (``prompt_lens[i]``, default 0) that fall inside the piece."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     eos = getattr(tokenizer, "eos_token_id", None)
-    out = []
+    out, plens = [], []
     batch = 256
     for s in range(0, len(texts), batch):
         chunk = list(texts[s : s + batch])
         strs = [t for t in chunk if isinstance(t, str)]
         enc = iter(tokenizer(strs, add_special_tokens=False)["input_ids"] if strs else [])
-        for doc in chunk:
+        for j, doc in enumerate(chunk):
+            plen = 0 if prompt_lens is None else int(prompt_lens[s + j])
             if isinstance(doc, str):
                 ids = list(next(enc))
                 if eos is not None:
@@ -93,7 +128,8 @@ def tokenize_documents(
                 piece = ids[i : i + seq_len + 1]
                 if len(piece) >= max(2, min_len):
                     out.append(torch.tensor(piece, dtype=torch.int32))
-    return out
+                    plens.append(max(0, min(len(piece), plen - i)))
+    return out, plens
 
 
 def token_counts(sequences: Sequence[torch.Tensor], vocab_size: int) -> torch.Tensor:

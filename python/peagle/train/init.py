@@ -44,6 +44,7 @@ def drafter_config_for_target(
     draft_vocab_size: int | None = None,
     mask_token_id: int | None = None,
     aux_layer_ids: list[int] | None = None,
+    norm_before_residual: bool = False,
 ) -> DrafterConfig:
     """A drafter config matching a transformers target config (hidden size, heads, RoPE)."""
     t = target_config
@@ -76,7 +77,7 @@ def drafter_config_for_target(
         "vocab_size": t.vocab_size,
         "draft_vocab_size": draft_vocab_size or t.vocab_size,
         "target_hidden_size": h,
-        "norm_before_residual": False,
+        "norm_before_residual": bool(norm_before_residual),
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": ids},
     }
     if mask_token_id is not None:

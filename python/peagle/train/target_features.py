@@ -51,6 +51,43 @@ def target_forward(
     return aux, out.logits[0]
 
 
+MAX_BATCH_LOGITS = 2**28  # logits elements of one batched target forward (512 MiB in bf16)
+
+
+@torch.no_grad()
+def target_forward_batch(
+    model: torch.nn.Module, sequences: Sequence[torch.Tensor], aux_layer_ids: Sequence[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`target_forward` of several sequences, one batched forward per group of equal
+    length (a deep target's forward costs launches, not FLOPs, on a GPU: one per pack instead of
+    one per sequence). Returns ``[(aux, logits)]`` in the order of ``sequences``."""
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(sequences)
+    by_len: dict[int, list[int]] = {}
+    for i, s in enumerate(sequences):
+        by_len.setdefault(s.numel(), []).append(i)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 1
+    for length, idx in by_len.items():
+        # rows per forward: the logits of one forward stay under MAX_BATCH_LOGITS elements
+        rows = max(1, MAX_BATCH_LOGITS // max(1, length * vocab))
+        for s in range(0, len(idx), rows):
+            part = idx[s : s + rows]
+            x = torch.stack([sequences[i].reshape(-1) for i in part])
+            res = model(input_ids=x, output_hidden_states=True, use_cache=False)
+            aux = torch.cat([res.hidden_states[j] for j in aux_layer_ids], dim=-1)
+            for row, i in enumerate(part):
+                out[i] = (aux[row], res.logits[row])
+    return out  # type: ignore[return-value]
+
+
+def prompt_loss_mask(length: int, prompt_len: int, device=None) -> torch.Tensor:
+    """``[length]`` per-token label mask that excludes the prompt: the label at token ``j`` (the
+    target's distribution of token ``j + 1``) is supervised iff token ``j + 1`` is not a prompt
+    token (``j + 1 >= prompt_len``). After the shift, position ``t`` (input token ``x_{t+1}``)
+    is supervised iff the token it predicts, ``x_{t+2}``, was generated. ``prompt_len <= 1``
+    supervises everything."""
+    return torch.arange(1, length + 1, device=device) >= prompt_len
+
+
 def shift_sequence(
     token_ids: torch.Tensor,
     aux: torch.Tensor,

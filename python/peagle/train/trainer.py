@@ -23,10 +23,20 @@ from peagle.models.drafter import SAVE_FORMATS, Eagle3Drafter
 from peagle.models.drafter_config import DrafterConfig
 from peagle.train.attention import MaskedAttention
 from peagle.train.cod import cod_sample
-from peagle.train.corpus import SequenceOrder, iter_documents, token_counts, tokenize_documents
+from peagle.train.corpus import (
+    SequenceOrder,
+    iter_records,
+    token_counts,
+    tokenize_documents_with_prompt_lens,
+)
 from peagle.train.init import drafter_config_for_target, init_drafter, select_draft_vocab
 from peagle.train.steps import StepStats, eagle3_sequence_step, peagle_sequence_step
-from peagle.train.target_features import pack_sequences, shift_sequence, target_forward
+from peagle.train.target_features import (
+    pack_sequences,
+    prompt_loss_mask,
+    shift_sequence,
+    target_forward_batch,
+)
 
 STATE_NAME = "train_state.pt"
 LOG_NAME = "train_log.jsonl"
@@ -35,7 +45,7 @@ RATE_WINDOW = 8  # recent steps whose mean duration re-estimates a time-budgeted
 # TrainConfig fields that shape the drafter: a resume with other values is refused.
 ARCHITECTURE_KEYS = (
     "method", "num_layers", "intermediate_size", "draft_vocab_size", "mask_token_id",
-    "aux_layer_ids", "num_depths",
+    "aux_layer_ids", "num_depths", "norm_before_residual",
 )  # fmt: skip
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -57,6 +67,14 @@ class TrainConfig:
     num_depths: int = 8  # K: trained parallel depth (peagle) / TTT passes (eagle3)
     cod_r: float = 0.7
     cod_r_min: float = 0.2
+    # at most this many chains (depth >= 1) start per training sequence (speculators'
+    # max_anchors; None = every COD chain)
+    max_anchors: int | None = None
+    # JSONL field with each document's prompt length: labels of prompt tokens carry no loss
+    # (None = every label supervised)
+    prompt_len_field: str | None = None
+    norm_before_residual: bool = False  # the first layer's residual is the normed hidden input
+    freeze_lm_head: bool = False  # keep lm_head at its initial value (the target's rows)
     partitions: int = 1
     seq_len: int = 2048
     min_seq_len: int = 16
@@ -145,11 +163,18 @@ class Trainer:
         tcfg = self.target.config
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.target)
 
-        texts = list(iter_documents(cfg.data, cfg.data_glob, cfg.jsonl_field))
-        self.sequences = tokenize_documents(texts, tokenizer, cfg.seq_len, cfg.min_seq_len)
+        records = list(iter_records(cfg.data, cfg.data_glob, cfg.jsonl_field, cfg.prompt_len_field))
+        texts = [r[0] for r in records]
+        self.sequences, self.prompt_lens = tokenize_documents_with_prompt_lens(
+            texts, [r[1] for r in records], tokenizer, cfg.seq_len, cfg.min_seq_len
+        )
+        del records
         self.order = SequenceOrder(len(self.sequences), cfg.seed)
         n_tok = sum(s.numel() for s in self.sequences)
         log(f"data: {len(texts)} documents, {len(self.sequences)} sequences, {n_tok} tokens")
+        if cfg.prompt_len_field is not None:
+            n_prompt = sum(self.prompt_lens)
+            log(f"data: {n_prompt} prompt tokens ({cfg.prompt_len_field!r}) carry no loss")
 
         state = None
         if (self.out / STATE_NAME).is_file():
@@ -180,17 +205,30 @@ class Trainer:
                 draft_vocab_size=None if draft_ids is None else draft_ids.numel(),
                 mask_token_id=_resolve_mask_id(cfg, tokenizer, v) if parallel else None,
                 aux_layer_ids=cfg.aux_layer_ids,
+                norm_before_residual=cfg.norm_before_residual,
             )
             dcfg.raw["peagle_training"] = {
                 "method": cfg.method,
                 "num_depths": cfg.num_depths,
                 "cod_r": cfg.cod_r,
                 "cod_r_min": cfg.cod_r_min,
+                "max_anchors": cfg.max_anchors,
+                "prompt_len_field": cfg.prompt_len_field,
+                "freeze_lm_head": cfg.freeze_lm_head,
             }
             self.drafter = init_drafter(
                 dcfg, self.target, parallel=parallel, draft_ids=draft_ids, seed=cfg.seed
             )
         self.drafter.to(self.device).train()
+        if cfg.freeze_lm_head:
+            self.drafter.lm_head.weight.requires_grad_(False)
+        if state is not None:
+            was = bool((state.get("train_config") or {}).get("freeze_lm_head", False))
+            if was != cfg.freeze_lm_head:
+                raise ValueError(
+                    f"{self.out} was trained with freeze_lm_head={was}; resume it with the same "
+                    "setting, or choose a new --output"
+                )
         self.aux_ids = self.drafter.config.aux_layer_ids
         self.draft_to_target = None
         if self.drafter.config.draft_vocab_size != self.drafter.config.vocab_size:
@@ -226,13 +264,18 @@ class Trainer:
     def _sequence_step(self, pos: int) -> tuple[StepStats, int]:
         """Forward + backward of sequences ``pos .. pos + pack - 1``, packed into one forward."""
         cfg = self.cfg
+        picked = [self.order.index(p)[1] for p in range(pos, pos + cfg.pack)]
+        tokens = [self.sequences[si].to(self.device) for si in picked]
         shifted = []
-        for p in range(pos, pos + cfg.pack):
-            _, si = self.order.index(p)
-            tokens = self.sequences[si].to(self.device)
-            aux, logits = target_forward(self.target, tokens, self.aux_ids)
+        # one batched target forward per group of equal-length sequences of the pack
+        for si, tok, (aux, logits) in zip(
+            picked, tokens, target_forward_batch(self.target, tokens, self.aux_ids), strict=True
+        ):
+            lm = None
+            if self.prompt_lens[si] > 0:
+                lm = prompt_loss_mask(tok.numel(), self.prompt_lens[si], device=self.device)
             d2t = self.draft_to_target
-            shifted.append(shift_sequence(tokens, aux, logits, draft_to_target=d2t))
+            shifted.append(shift_sequence(tok, aux, logits, loss_mask=lm, draft_to_target=d2t))
         seq = pack_sequences(shifted)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + pos)
         elems = cod_sample(
@@ -243,6 +286,7 @@ class Trainer:
             loss_mask=seq.loss_mask.cpu(),
             doc_ids=seq.doc_ids.cpu(),
             generator=gen,
+            max_anchors=cfg.max_anchors,
         )
         kw = dict(
             attention=self.attention,
@@ -364,6 +408,10 @@ class Trainer:
                         k / max(1, n) for k, n in zip(window.kl, window.count, strict=True)
                     ],
                     "acc_per_depth": acc,
+                    # each depth's share of the summed loss (depth 0's share is what a cap on
+                    # chain starts raises)
+                    "loss_share_per_depth": [k / max(1e-30, sum(window.kl)) for k in window.kl],
+                    "elements_per_depth": list(window.count),
                     "tokens_per_s": win_tokens / max(dt, 1e-9),
                     "lr": self.opt.param_groups[0]["lr"],
                     "elapsed_s": clock() - t_start,
@@ -443,6 +491,7 @@ def check_resume_architecture(cfg: TrainConfig, state: dict, out: Path) -> None:
         "draft_vocab_size": d.draft_vocab_size,
         "mask_token_id": d.mask_token_id,
         "aux_layer_ids": d.aux_layer_ids,
+        "norm_before_residual": d.norm_before_residual,
     }
     new = {k: getattr(cfg, k) for k in ARCHITECTURE_KEYS}
     if new["num_layers"] is None:
