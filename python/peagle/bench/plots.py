@@ -4,6 +4,7 @@ matplotlib is missing. Projected rows are drawn dashed and say "projection" in t
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 COLORS = {"peagle": "#c44e52", "eagle3": "#4c72b0", "none": "#555555"}
@@ -337,7 +338,7 @@ def released_vs_published(data: dict, ours: dict, published, out: Path) -> Path 
             ax.text(i + 0.2, o, f"{o:.2f}", ha="center", va="bottom", fontsize=7)
         ax.set_xticks(
             range(len(ps)),
-            [f"{p.claim}\n({p.model.split(',')[0]}, {p.hardware})" for p in ps],
+            [textwrap.fill(p.claim, 30) + f"\n{p.model.split(',')[0]}; {p.hardware}" for p in ps],
             fontsize=6,
         )
         if unit == "x":
