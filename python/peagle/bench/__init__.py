@@ -9,7 +9,9 @@
   :mod:`peagle.testing`.
 * ``e2e``: decode throughput of P-EAGLE / EAGLE-3 / no speculation with the default pair,
   ``projection`` the per-pass timing of a larger random-weight target, ``tune`` the best K and
-  break-even tables, ``report`` / ``plots`` the docs tables and PNGs.
+  break-even tables, ``report`` / ``plots`` the docs tables and PNGs; ``released`` the released
+  target shapes with synthetic acceptance (``acceptance_tables``: the rate tables) and
+  ``released_report`` their docs/results.md sections (issue 20's goals, published numbers).
 
 Importing this package imports nothing heavy; each module imports torch (and Triton, for the
 multi-op peer) itself.

@@ -6,7 +6,10 @@
 Writes docs/results.md, docs/kernels-h200.png (per-kernel % of the copy ceiling),
 docs/e2e-tokens-per-s-vs-k.png and docs/e2e-speedup-vs-concurrency.png. Each kernel table puts
 peagle next to the peer measured in the same run (ratio = peer / peagle); e2e tables come from
-e2e-h200.json (projected rows are labelled).
+e2e-h200.json (projected rows are labelled). Every benchmarks/results/released-*-h200.json (the
+released target shapes, random weights, synthetic acceptance) gets its own section and
+docs/released-<shape>-*.png plots (:mod:`peagle.bench.released_report`); the issue-20 goals it
+evaluates are printed too.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def header(d: dict) -> str:
 
 def generate(results: Path, docs: Path) -> list[Path]:
     """Rewrite ``docs/results.md`` and the PNGs from ``results``; returns the written files."""
-    from peagle.bench import plots
+    from peagle.bench import plots, released_report
 
     fams = {k: d for k in ("prep", "verify", "attention", "kv") if (d := load(results, k))}
     lines = [
@@ -170,10 +173,17 @@ def generate(results: Path, docs: Path) -> list[Path]:
             if fn(e2e, docs / name):
                 written.append(docs / name)
                 lines += [f"![{name}]({name})", ""]
+    goal_lines = []
+    if released_report.find_files(results):
+        rel, pngs, goal_lines = released_report.sections(results, docs)
+        lines += rel
+        written += pngs
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "results.md").write_text("\n".join(lines))
     written.insert(0, docs / "results.md")
     print("wrote " + ", ".join(str(p) for p in written))
+    for g in goal_lines:
+        print(g)
     return written
 
 

@@ -105,7 +105,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="rewrite docs/results.md and the docs/*.png plots from the results JSON",
         description="Rewrite docs/results.md and docs/kernels-h200.png, "
         "docs/e2e-tokens-per-s-vs-k.png, docs/e2e-speedup-vs-concurrency.png from "
-        "benchmarks/results/*-h200.json (needs matplotlib for the plots).",
+        "benchmarks/results/*-h200.json, and a section with docs/released-<shape>-*.png per "
+        "benchmarks/results/released-*-h200.json (needs matplotlib for the plots).",
     )
     rep.add_argument("--results-dir", default="benchmarks/results",
                      help="where the *-h200.json results are (default: %(default)s)")  # fmt: skip
