@@ -252,7 +252,21 @@ def cmd_deps(args) -> None:
 
     deps_path = work / "deps.json"
     deps = json.loads(deps_path.read_text()) if deps_path.exists() else {}
-    for label, spec in module_specs(flashinfer):
+    # The generators read templates and copy sources from flashinfer/data at spec time: record
+    # every file opened while the specs are made.
+    opened: set[str] = set()
+
+    def hook(event, hook_args):
+        if event == "open" and isinstance(hook_args[0], (str, Path)):
+            opened.add(str(hook_args[0]))
+
+    sys.addaudithook(hook)
+    specs = module_specs(flashinfer)
+    deps["_generators"] = {"name": "files the spec generators read", "files": sorted(opened)}
+    deps_path.write_text(json.dumps(deps, indent=1) + "\n")
+    for label, spec in specs:
+        if label in deps and deps[label].get("files") and not args.force:
+            continue
         t0 = time.perf_counter()
         files: set[str] = set()
         spec.build_dir.mkdir(parents=True, exist_ok=True)
@@ -436,7 +450,8 @@ def cmd_pack(args) -> None:
     if not args.no_jit_src:
         deps_path = work / "deps.json"
         deps = json.loads(deps_path.read_text()) if deps_path.exists() else {}
-        missing = [label for label, _ in _labels() if label not in deps and label not in build]
+        labels = [label for label, _ in _labels()] + ["_generators"]
+        missing = [label for label in labels if label not in deps and label not in build]
         if missing:
             raise SystemExit(f"no dependency list for {missing}: run `deps` (or `build`) first")
         src = jit_source_files(root, build, deps)
@@ -554,6 +569,7 @@ def main(argv=None) -> None:
     p = sub.add_parser("pack", help="write the carried directory")
     for s in (b, dp):
         s.add_argument("--include", nargs="*", help="extra -isystem dirs (e.g. curand headers)")
+    dp.add_argument("--force", action="store_true", help="recompute lists already made")
     for s in (b, dp, p):
         s.add_argument("--wheel", required=True)
         s.add_argument("--tvm-ffi-wheel", help="apache-tvm-ffi wheel (build: this Python's)")
