@@ -444,6 +444,12 @@ def cmd_pack(args) -> None:
         (aot_root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(entry["so"], aot_root / rel)
         aot.append(str(rel))
+    for tar in sorted(Path(args.aot_from).glob("fi-aot-*.tar")) if args.aot_from else []:
+        with tarfile.open(tar) as t:  # modules built on the H200 (prebuild --export)
+            for m in t.getmembers():
+                if m.isfile() and m.name.startswith("flashinfer/data/aot/") and m.name not in aot:
+                    t.extract(m, aot_root, filter="data")
+                    aot.append(m.name)
     if aot:
         sizes["flashinfer-aot.tar"] = _tar(out / "flashinfer-aot.tar", aot_root, aot, xz=False)
         manifest["files"]["flashinfer-aot.tar"] = {"members": aot}
@@ -451,7 +457,7 @@ def cmd_pack(args) -> None:
         deps_path = work / "deps.json"
         deps = json.loads(deps_path.read_text()) if deps_path.exists() else {}
         labels = [label for label, _ in _labels()] + ["_generators"]
-        missing = [label for label in labels if label not in deps and label not in build]
+        missing = [label for label in labels if label not in deps]
         if missing:
             raise SystemExit(f"no dependency list for {missing}: run `deps` (or `build`) first")
         src = jit_source_files(root, build, deps)
@@ -498,16 +504,18 @@ def _wheel_version(wheel: Path) -> str:
 
 def cmd_prebuild(args) -> None:
     """On the GPU machine, with the carried copy on PYTHONPATH: load every module the peers
-    need -- the carried AOT build where it loads, else one parallel JIT build of all the others
-    (ninja -j all cores) -- and print / write the time of each step."""
+    need from the carried AOT build, JIT-build the others in one parallel ninja run (all cores,
+    ``--seconds`` at most; ``-k 0``: one failure stops no other module), copy what was built to
+    the AOT path of the installed copy (so the benchmarks can run with FLASHINFER_DISABLE_JIT=1)
+    and, with ``--export DIR``, into tars of <= 15 MiB that come back in $OUT for ``pack
+    --aot-from``. Prints / writes the time of each step."""
     import flashinfer
     import tvm_ffi
-    from flashinfer.jit.core import build_jit_specs
+    from flashinfer.jit import env as jit_env
 
     report = {"flashinfer": flashinfer.__version__, "modules": {}}
-    specs = module_specs(flashinfer)
     jit = []
-    for label, spec in specs:
+    for label, spec in module_specs(flashinfer):
         entry = report["modules"].setdefault(label, {"name": spec.name})
         if spec.is_aot:
             t0 = time.perf_counter()
@@ -518,30 +526,85 @@ def cmd_prebuild(args) -> None:
             except Exception as e:  # noqa: BLE001  (falls back to the JIT)
                 entry["aot_error"] = f"{type(e).__name__}: {e}"[:500]
         jit.append((label, spec))
+    exported = []
     if jit:
+        lines = ["ninja_required_version = 1.3"]
+        for _, spec in jit:
+            spec.write_ninja()
+            lines.append(f"subninja {spec.ninja_path}")
+        top = jit_env.FLASHINFER_JIT_DIR / "peagle_prebuild.ninja"
+        top.write_text("\n".join(lines) + "\n")
+        jobs = str(args.jobs or os.cpu_count() or 8)
+        cmd = [
+            "ninja",
+            "-C",
+            str(jit_env.FLASHINFER_JIT_DIR),
+            "-f",
+            str(top),
+            "-k",
+            "0",
+            "-j",
+            jobs,
+        ]
         t0 = time.perf_counter()
         try:
-            build_jit_specs([s for _, s in jit], verbose=False, skip_prebuilt=False)
-            report["jit_build_s"] = round(time.perf_counter() - t0, 1)
-        except Exception as e:  # noqa: BLE001
-            report["jit_build_error"] = f"{type(e).__name__}: {e}"[-3000:]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.seconds)
+            report["jit_rc"] = r.returncode
+            if r.returncode != 0:
+                report["jit_log_tail"] = r.stdout[-3000:]
+        except subprocess.TimeoutExpired:
+            report["jit_rc"] = "timeout"
+        report["jit_build_s"] = round(time.perf_counter() - t0, 1)
         for label, spec in jit:
             entry = report["modules"][label]
+            so = spec.jit_library_path
+            if not so.exists():
+                entry.update(source="missing")
+                continue
+            aot = Path(jit_env.FLASHINFER_AOT_DIR) / spec.name / f"{spec.name}.so"
+            aot.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, aot)
+            exported.append(aot)
+            t1 = time.perf_counter()
             try:
-                t1 = time.perf_counter()
-                spec.load()
-                entry.update(source="jit", load_s=round(time.perf_counter() - t1, 2))
+                tvm_ffi.load_module(str(aot))
+                entry.update(source="jit", load_s=round(time.perf_counter() - t1, 2),
+                             so_bytes=so.stat().st_size)  # fmt: skip
             except Exception as e:  # noqa: BLE001
-                entry.update(source="missing", error=f"{type(e).__name__}: {e}"[:500])
+                entry.update(source="jit-unloadable", error=f"{type(e).__name__}: {e}"[:500])
+    if args.export and exported:
+        report["exported"] = _export_tars(exported, Path(args.export))
     for label, e in report["modules"].items():
         print(f"{label:24s} {e.get('source', '?'):8s} load {e.get('load_s', '-')} s  "
               f"{e.get('aot_error', '') or e.get('error', '')}")  # fmt: skip
-    if "jit_build_s" in report:
-        print(f"JIT build of {len(jit)} modules: {report['jit_build_s']} s")
-    if "jit_build_error" in report:
-        print(f"JIT build failed: {report['jit_build_error']}")
+    if jit:
+        print(f"JIT build of {len(jit)} modules: {report['jit_build_s']} s, rc {report['jit_rc']}")
+        if "jit_log_tail" in report:
+            print(report["jit_log_tail"][-1500:])
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _export_tars(sos: list[Path], dest: Path, limit: int = 15 * 2**20) -> list[str]:
+    """Tars of the built modules (as flashinfer/data/aot/<name>/<name>.so), each <= limit
+    unless one module alone is larger."""
+    dest.mkdir(parents=True, exist_ok=True)
+    groups: list[list[Path]] = [[]]
+    size = 0
+    for so in sorted(sos, key=lambda p: p.stat().st_size, reverse=True):
+        if groups[-1] and size + so.stat().st_size > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(so)
+        size += so.stat().st_size
+    names = []
+    for i, g in enumerate(groups):
+        out = dest / f"fi-aot-{i}.tar"
+        with tarfile.open(out, "w") as t:
+            for so in g:
+                t.add(so, arcname=f"flashinfer/data/aot/{so.parent.name}/{so.name}")
+        names.append(out.name)
+    return names
 
 
 def cmd_install(args) -> None:
@@ -578,8 +641,12 @@ def main(argv=None) -> None:
     b.add_argument("--only", nargs="*", help="labels containing one of these")
     p.add_argument("--out", default=".deps/flashinfer")
     p.add_argument("--no-jit-src", action="store_true", help="carry no JIT sources")
+    p.add_argument("--aot-from", help="a folder of fi-aot-*.tar from `prebuild --export`")
     pb = sub.add_parser("prebuild", help="load / JIT-build the peers' modules (on the H200)")
     pb.add_argument("--out", help="write the timings here (JSON)")
+    pb.add_argument("--seconds", type=float, default=480, help="JIT build time limit")
+    pb.add_argument("--jobs", type=int, default=0, help="ninja -j (default: all cores)")
+    pb.add_argument("--export", help="write the JIT-built modules here as fi-aot-*.tar")
     i = sub.add_parser("install", help="unpack the carried copy (on the H200)")
     i.add_argument("--carry", default=".deps/flashinfer")
     i.add_argument("--target", default="/tmp/fi-site")
