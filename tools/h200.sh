@@ -20,6 +20,13 @@
 #   ablate [args]           the head ablation (scripts/ablate_default_pair.py) in build/ablate;
 #                           ABLATE_LANES=N runs the variants on N GPUs at once; the table and
 #                           choice.json are copied to $OUT; exit 75 = call again
+#   flashinfer [families]   FlashInfer (the carried copy in .deps/flashinfer, tools/flashinfer_carry.py)
+#                           as the peer: installs it into /tmp/fi-site (no network), loads its
+#                           modules (AOT) or JIT-builds the missing ones (FI_JIT_SECONDS, default
+#                           480; returned as $OUT/fi-aot-*.tar), timed ($OUT/fi-jit.json), then
+#                           `peagle bench ops` for verify attention (default) with the FlashInfer
+#                           rows, JIT off; FI_BENCH_ARGS adds arguments (e.g. --no-flex); logs in
+#                           $OUT/logs.tgz
 # CALL_SECONDS (default 555) is what a pair/ablate call may take, build included.
 # SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
@@ -104,6 +111,26 @@ run_ab() {
   done
   (cd "$OUT" && tar czf ab.tgz ab-* build-old.log && rm -f ab-*.json ab-*.log build-old.log)
 }
+run_flashinfer() {
+  [ -d .deps/flashinfer ] || { echo "flashinfer: no .deps/flashinfer (tools/flashinfer_carry.py pack; carry .deps)"; exit 2; }
+  local t0=$(date +%s) site=/tmp/fi-site
+  python3 tools/flashinfer_carry.py install --carry .deps/flashinfer --target $site || exit 1
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+  # A JIT build needs curand.h: the toolkit's, else the pip nvidia-curand headers torch ships.
+  local inc=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'include'))" 2>/dev/null)
+  [ -f /usr/local/cuda/include/curand.h ] || [ ! -f "$inc/curand.h" ] || export FLASHINFER_EXTRA_CUDAFLAGS="-isystem $inc"
+  # Modules the carry lacks are JIT-built here (all cores, FI_JIT_SECONDS at most) and come back
+  # as $OUT/fi-aot-*.tar for `flashinfer_carry.py pack --aot-from`.
+  python3 tools/flashinfer_carry.py prebuild --seconds ${FI_JIT_SECONDS:-480} --export "$OUT" \
+    --out "$OUT/fi-jit.json" > "$OUT/fi-jit.log" 2>&1; tail -16 "$OUT/fi-jit.log"
+  echo "flashinfer install + modules: $(( $(date +%s) - t0 )) s"
+  export FLASHINFER_DISABLE_JIT=1  # a module still missing fails its backend (recorded), no JIT
+  for fam in ${@:-verify attention}; do
+    python3 -m peagle bench ops "$fam" ${FI_BENCH_ARGS:-} --out "$OUT/$fam-h200.json" > "$OUT/bench-$fam.log" 2>&1
+    echo "bench $fam: rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "flashinfer|BAD" "$OUT/bench-$fam.log" | tail -12; tail -4 "$OUT/bench-$fam.log"
+  done
+  (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
+}
 call_minutes() {  # minutes left for the recipe in this call, after the build
   python3 -c "print(max(0.5, (${CALL_SECONDS:-555} - ($(date +%s) - $t_start) - 25) / 60))"
 }
@@ -148,6 +175,7 @@ case $cmd in
   ab) build; run_ab "$@" ;;
   pair) build; run_pair "$@"; exit $? ;;
   ablate) build; run_ablate "$@"; exit $? ;;
+  flashinfer) build; run_flashinfer "$@" ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|ablate|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|ablate|flashinfer|all] ..."; exit 2 ;;
 esac

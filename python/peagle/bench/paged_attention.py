@@ -8,7 +8,12 @@ baselines read the same K/V gathered into contiguous [B, Hkv, kv, D] tensors:
   and ``enable_gqa``;
 * ``sdpa-packed-gqa``: the GQA group folded into the query axis ([B, Hkv, G*14, D]) with an
   explicit boolean bottom-right mask (one K/V read per KV head, like peagle);
-* ``flex``: compiled FlexAttention with a bottom-right causal block mask and ``enable_gqa``.
+* ``flex``: compiled FlexAttention with a bottom-right causal block mask and ``enable_gqa``;
+* ``flashinfer-<backend>`` (when FlashInfer imports; ``--no-flashinfer`` skips it): FlashInfer
+  over the same paged cache through every backend of :mod:`peagle.bench.flashinfer_peers`
+  (prefill wrapper fa2 / fa3, decode wrapper with ``q_len_per_req``, XQA, ``BatchAttention``),
+  planned outside the timed region; a backend that fails is recorded under ``flashinfer`` in
+  the results file (``errors``: case -> impl -> error), not timed.
 
 ``--impls`` also times peagle's other kernel variants (``PEAGLE_ATTN_IMPL``: ``mma``, ``wgmma``,
 ``mma-n32``, ``wgmma-n32``; rows ``peagle[<impl>]``; ``peagle`` is the default choice).
@@ -38,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import peagle
+from peagle.bench import flashinfer_peers
 from peagle.bench.timing import (
     Results,
     bench_eager,
@@ -186,9 +192,9 @@ def check_outputs(c: Case, fns) -> dict:
         try:
             o = fn(0).float()
         except Exception as e:  # noqa: BLE001
-            errs[name] = f"failed: {type(e).__name__}"
+            errs[name] = f"failed: {flashinfer_peers.short_error(e)}"
             continue
-        if name.startswith("peagle["):
+        if name.startswith(("peagle[", "flashinfer-")):  # peagle's [B*14, Hq, D] layout
             o = o.view(c.b, Q_LEN, c.hq, c.d).transpose(1, 2)
         elif name == "sdpa-packed-gqa":
             o = o.view(c.b, c.hkv, c.group, Q_LEN, c.d).reshape(c.b, c.hq, Q_LEN, c.d)
@@ -217,6 +223,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--filter", nargs="*", help="only cases whose name contains one of these, e.g. h32-8 B64"
     )
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peers")
+    ap.add_argument(
+        "--flashinfer-backends",
+        default=",".join(flashinfer_peers.ATTENTION_BACKENDS),
+        help="comma-separated FlashInfer backends (default: all)",
+    )
     ap.add_argument(
         "--impls",
         default="",
@@ -237,6 +249,15 @@ def run(args: argparse.Namespace) -> None:
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling: {ceiling:.0f} GB/s (read + write)")
     res = Results(copy_ceiling_gbps=ceiling, extra={"q_len": Q_LEN, "page_size": PAGE})
+    if args.no_flashinfer or args.no_baselines:
+        fi, fi_skip = None, "--no-flashinfer" if args.no_flashinfer else "--no-baselines"
+    else:
+        fi, fi_skip = flashinfer_peers.load()
+    fi_notes = {"version": flashinfer_peers.version(fi) if fi else None, "skipped": fi_skip,
+                "errors": {}}  # fmt: skip
+    res.extra["flashinfer"] = fi_notes
+    print(f"flashinfer: {fi_notes['version'] or 'skipped: ' + str(fi_skip)}")
+    fi_backends = [b for b in args.flashinfer_backends.split(",") if b]
     heads = HEADS[:1] if args.quick else HEADS
     batches = [1, 8] if args.quick else BATCHES
     kv_lens = [1024, 4096] if args.quick else KV_LENS
@@ -250,6 +271,11 @@ def run(args: argparse.Namespace) -> None:
                 c = Case(b, hq, hkv, d, kv, n_sets, seed=b * 7919 + kv)
                 nbytes = kv_bytes(c)
                 fns = {} if args.no_baselines else make_baselines(c, n_sets, not args.no_flex)
+                fi_errs = {}
+                if fi is not None:
+                    peers = flashinfer_peers.AttentionPeers(fi, c, n_sets, fi_backends)
+                    fns.update(peers.fns)
+                    fi_errs.update(peers.errors)
                 variants = {
                     f"peagle[{v}]": with_impl(c.peagle, v) for v in args.impls.split(",") if v
                 }
@@ -257,20 +283,36 @@ def run(args: argparse.Namespace) -> None:
                 bad = [k for k, e in errs.items() if not isinstance(e, str) and e > 0.1]
                 print(f"{name}: sets={n_sets} max|impl - peagle| = {errs}"
                       + (f"  BAD: {bad}" if bad else ""))  # fmt: skip
+                fi_errs.update({k: e for k, e in errs.items()
+                                if k.startswith("flashinfer-") and isinstance(e, str)})  # fmt: skip
+                if fi_errs:
+                    fi_notes["errors"][name] = fi_errs
+                    print(f"  flashinfer errors: {fi_errs}")
                 all_fns = {"peagle": c.peagle, **variants, **fns}
                 for impl, fn in all_fns.items():
                     if isinstance(errs.get(impl), str):
                         continue
-                    us, mode = time_impl(fn, n_sets, args.replays)
+                    try:
+                        us, mode = time_impl(fn, n_sets, args.replays)
+                    except Exception as e:  # noqa: BLE001  (a peer failing while timed)
+                        if not impl.startswith("flashinfer-"):
+                            raise
+                        torch.cuda.synchronize()
+                        fi_notes["errors"].setdefault(name, {})[impl] = (
+                            "timing: " + flashinfer_peers.short_error(e)
+                        )
+                        continue
                     gbps = nbytes / (us * 1e-6) / 1e9
+                    more = {"max_err": errs[impl]} if impl in errs else {}
                     res.add(name, impl, us, gbps, pct_copy=round(100 * gbps / ceiling, 1),
-                            mode=mode, l2="cold")  # fmt: skip
+                            mode=mode, l2="cold", **more)  # fmt: skip
                     if impl == "peagle":
                         us_e = bench_eager(fn, iters=max(100, args.replays))
                         gbps_e = nbytes / (us_e * 1e-6) / 1e9
                         res.add(name, "peagle-eager", us_e, gbps_e,
                                 pct_copy=round(100 * gbps_e / ceiling, 1), mode="eager",
                                 l2="cold")  # fmt: skip
+                peers = None
                 del c, fns, all_fns
                 torch.cuda.empty_cache()
                 if args.out:  # after every case: a run stopped part-way keeps what it measured

@@ -19,6 +19,15 @@ input sets to exceed the L2 several times (cold L2). Greedy outputs of the two p
 compared before timing. GB/s counts the bf16 logits bytes once; % is of a device-to-device copy
 ceiling measured in the same run (bytes read + written).
 
+FlashInfer's sampling path is a second peer at the random cases (T=0.7, top-k/top-p), when it
+imports (``--no-flashinfer`` skips it): ``flashinfer-chain`` (softmax with temperature, top-k /
+top-p renorm, ``chain_speculative_sampling`` with one-hot draft probabilities built outside the
+timed region) and, at the top-k/top-p cases, ``flashinfer-bonus-tktp``
+(``top_k_top_p_sampling_from_logits`` over the B bonus rows alone); see
+:mod:`peagle.bench.flashinfer_peers`. Random outputs -- peagle's and FlashInfer's -- are checked
+by chi-square against the target distribution before timing (``chi2_p`` in the rows; p < 1e-3
+prints BAD). Errors of the peer are recorded under ``flashinfer`` in the results file.
+
     peagle bench ops verify_chain --out benchmarks/results/verify-h200.json
     python benchmarks/bench_verify.py --out benchmarks/results/verify-h200.json
 """
@@ -30,6 +39,8 @@ import argparse
 import torch
 
 from peagle import ops
+from peagle.bench import flashinfer_peers
+from peagle.bench.stats import chi_square_pit, target_probs
 from peagle.bench.timing import (
     Results,
     bench_eager,
@@ -170,7 +181,57 @@ def vllm_multiop(s: dict, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays: int) -> None:
+def check_peagle_random(peagle, s: dict, temp: float, top, n_samples: int = 4096):
+    """Chi-square of peagle's first emitted token of every request against the request's first
+    target row, over repeated calls with the Philox offset advanced."""
+    b = s["cu"].numel()
+    reps = max(1, -(-n_samples // b))
+    outs = []
+    for r in range(reps):
+        got = peagle({**s, "offsets": s["offsets"] + r})
+        outs.append(got.output_token_ids[:, 0].clone())
+    v = s["logits"].shape[1]
+    rows = s["logits"].view(b, K + 1, v)[:, 0]
+    top_k, top_p = top if top is not None else (None, None)
+    p = target_probs(rows, temp, top_k, top_p)
+    return chi_square_pit(torch.cat(outs), p, rows=torch.arange(b).repeat(reps),
+                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+
+
+def run_flashinfer(res: Results, fi, sets, name, temp, top, calls, replays, logit_bytes) -> None:
+    """FlashInfer's sampling path on the same sets: chi-square first, then CUDA-graph timing."""
+    notes = res.extra["flashinfer"]
+    try:
+        peer = flashinfer_peers.VerifyPeer(fi, sets, K, temp, top)
+    except Exception as e:  # noqa: BLE001  (recorded, not fatal)
+        notes["errors"].setdefault(name, {})["flashinfer-chain"] = flashinfer_peers.short_error(e)
+        return
+    impls = {"flashinfer-chain": (lambda i: peer.chain(i), peer.check_chain)}
+    if top is not None:
+        impls["flashinfer-bonus-tktp"] = (lambda i: peer.bonus(i), peer.check_bonus)
+    n_sets = len(sets)
+    for impl, (fn, check) in impls.items():
+        try:
+            chi = check()
+            torch.cuda.synchronize()
+            t = bench_graph(fn, min(calls, 4), replays)
+            mode = "graph"
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.synchronize()
+            notes["errors"].setdefault(name, {})[impl] = flashinfer_peers.short_error(e)
+            print(f"{name:40s} {impl}: {flashinfer_peers.short_error(e)}")
+            continue
+        nbytes = logit_bytes if impl == "flashinfer-chain" else logit_bytes // (K + 1)
+        gbps = nbytes / (t * 1e-6) / 1e9
+        res.add(name, impl, t, gbps, pct_of_copy=round(100 * gbps / res.copy_ceiling_gbps, 1),
+                mode=mode, input_sets=n_sets, chi2_p=round(chi.p_value, 4),
+                chi2_samples=chi.n)  # fmt: skip
+        print(f"{name:40s} {impl} {t:8.1f} us  chi2 p={chi.p_value:.3g} (n={chi.n})"
+              + ("  BAD" if not chi.ok() else ""))  # fmt: skip
+
+
+def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays: int,
+             fi=None) -> None:  # fmt: skip
     logit_bytes = b * (K + 1) * v * 2
     draws = "vllm-draws" in mode
     n_sets = l2_rotation_sets(logit_bytes + (b * v * 4 if draws else 0))
@@ -185,18 +246,29 @@ def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays:
     valid = (got.output_token_ids >= 0) & (got.output_token_ids < v)
     emitted = torch.arange(K + 1, device="cuda").unsqueeze(0) <= got.num_accepted.unsqueeze(1)
     assert bool((valid == emitted).all()), f"{name}: peagle output not well formed"
+    chi = None
     if greedy:
         assert torch.equal(got.output_token_ids, want_out), f"{name}: greedy outputs differ"
         assert torch.equal(got.num_accepted, want_acc)
+    elif not draws:
+        chi = check_peagle_random(peagle, sets[0], temp, top)
+        print(
+            f"{name}: peagle chi2 p={chi.p_value:.3g} (n={chi.n})" + ("" if chi.ok() else "  BAD")
+        )
     calls = 10 if b * v < 64 * 151936 else 5
     t_peagle = bench_graph(lambda i: peagle(sets[i % n_sets]), calls, replays)
     t_peagle_eager = bench_eager(lambda i: peagle(sets[i % n_sets]), iters=replays)
     t_vllm = bench_graph(lambda i: vllm_multiop(sets[i % n_sets], greedy), min(calls, 4), replays)
     for impl, t in (("peagle", t_peagle), ("vllm-multiop", t_vllm)):
         gbps = logit_bytes / (t * 1e-6) / 1e9
+        more = (
+            {"chi2_p": round(chi.p_value, 4), "chi2_samples": chi.n}
+            if chi and impl == "peagle"
+            else {}
+        )
         res.add(
             name, impl, t, gbps, pct_of_copy=round(100 * gbps / res.copy_ceiling_gbps, 1),
-            mode="graph", input_sets=n_sets,
+            mode="graph", input_sets=n_sets, **more,
         )  # fmt: skip
     res.add(name, "peagle", t_peagle_eager, None, mode="eager")
     print(
@@ -204,12 +276,15 @@ def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays:
         f"eager {t_peagle_eager:8.1f} us   vllm-multiop {t_vllm:8.1f} us   "
         f"x{t_vllm / t_peagle:.1f}"
     )
+    if fi is not None and not greedy and not draws:
+        run_flashinfer(res, fi, sets, name, temp, top, calls, replays, logit_bytes)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default=None, help="write JSON results here")
     ap.add_argument("--quick", action="store_true", help="B=8, V=201088 only, fewer replays")
     ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
 
 
 def main(argv=None) -> None:
@@ -222,6 +297,13 @@ def run(args: argparse.Namespace) -> None:
     ceiling = copy_ceiling_gbps()
     res = Results(ceiling, extra={"K": K, "dtype": "bfloat16", "l2": "cold (rotating sets)"})
     print(f"copy ceiling: {ceiling:.0f} GB/s")
+    fi, fi_skip = (None, "--no-flashinfer") if args.no_flashinfer else flashinfer_peers.load()
+    res.extra["flashinfer"] = {
+        "version": flashinfer_peers.version(fi) if fi else None,
+        "skipped": fi_skip,
+        "errors": {},
+    }
+    print(f"flashinfer: {res.extra['flashinfer']['version'] or 'skipped: ' + str(fi_skip)}")
     batches = [8] if args.quick else [1, 8, 64]
     vocabs = [201088] if args.quick else [151936, 201088]
     cases = []
@@ -235,7 +317,7 @@ def run(args: argparse.Namespace) -> None:
         cases.append((b, 201088, "T=0.7,vllm-draws", 0.7, None))
 
     for b, v, mode, temp, top in cases:
-        run_case(res, b, v, mode, temp, top, args.replays)
+        run_case(res, b, v, mode, temp, top, args.replays, fi)
         torch.cuda.empty_cache()
 
     print()

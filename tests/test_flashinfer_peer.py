@@ -1,0 +1,267 @@
+"""The FlashInfer peer of the benchmarks (issue 21) on CPU: it skips cleanly without FlashInfer
+or CUDA, records a failing backend instead of crashing, feeds a paged-attention backend the
+cache the way peagle reads it, the chi-square check accepts a right sampler and rejects wrong
+ones, and the carry tool selects the modules the peers need."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from peagle.bench import flashinfer_peers as fp
+from peagle.bench import paged_attention as pa
+from peagle.bench.stats import chi_square_pit, chi_square_sf, target_probs
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL = Path(
+    os.environ.get(
+        "PEAGLE_FLASHINFER_WHEEL", "/work/wheels-fi/flashinfer_python-0.7.4-py3-none-any.whl"
+    )
+)
+
+
+def _carry_tool():
+    spec = importlib.util.spec_from_file_location(
+        "flashinfer_carry", ROOT / "tools/flashinfer_carry.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------
+# optional dependency
+# ---------------------------------------------------------------------------------------------
+
+
+def test_load_skips_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fi, why = fp.load()
+    assert fi is None and why == "no CUDA device"
+
+
+def test_load_skips_when_flashinfer_does_not_import(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
+    fi, why = fp.load()
+    assert fi is None and why.startswith("flashinfer not importable: ")
+
+
+def test_bench_arguments_have_the_flashinfer_switches():
+    import argparse
+
+    from peagle.bench import verify_chain as vc
+
+    ap = argparse.ArgumentParser()
+    pa.add_arguments(ap)
+    a = ap.parse_args(["--no-flashinfer", "--flashinfer-backends", "fa2,xqa"])
+    assert a.no_flashinfer and a.flashinfer_backends == "fa2,xqa"
+    assert ap.parse_args([]).flashinfer_backends.split(",") == list(fp.ATTENTION_BACKENDS)
+    ap = argparse.ArgumentParser()
+    vc.add_arguments(ap)
+    assert ap.parse_args(["--no-flashinfer"]).no_flashinfer
+
+
+# ---------------------------------------------------------------------------------------------
+# attention plumbing, against a fake FlashInfer computing attention in torch
+# ---------------------------------------------------------------------------------------------
+
+
+class _FakePrefillWrapper:
+    """Reads the paged cache from (qo_indptr, kv_indptr, indices, last_page_len) like
+    FlashInfer's paged prefill with a bottom-right causal mask, in plain torch."""
+
+    def __init__(self, workspace, layout, backend="auto", **kw):
+        assert layout == "NHD"
+        if backend == "fa3":
+            raise RuntimeError("fa3 is not served here")
+
+    def plan(self, qo_indptr, kv_indptr, indices, last_page_len, hq, hkv, d, page, *,
+             causal, sm_scale, **kw):  # fmt: skip
+        assert causal and kw["q_data_type"] == torch.bfloat16
+        self.args = (qo_indptr, kv_indptr, indices, last_page_len, hq, hkv, d, page, sm_scale)
+
+    def run(self, q, kv_cache, out):
+        qo, kvp, idx, last, hq, hkv, d, page, scale = self.args
+        k_cache, v_cache = kv_cache
+        for r in range(qo.numel() - 1):
+            pages = idx[kvp[r] : kvp[r + 1]].long()
+            n = (pages.numel() - 1) * page + int(last[r])
+            k = k_cache[pages].flatten(0, 1)[:n].float()  # [n, hkv, d]
+            v = v_cache[pages].flatten(0, 1)[:n].float()
+            qr = q[qo[r] : qo[r + 1]].float()  # [m, hq, d]
+            m = qr.shape[0]
+            k = k.repeat_interleave(hq // hkv, dim=1)
+            v = v.repeat_interleave(hq // hkv, dim=1)
+            s = torch.einsum("mhd,nhd->hmn", qr, k) * scale
+            visible = torch.arange(n)[None, :] <= (n - m + torch.arange(m))[:, None]
+            s = s.masked_fill(~visible, float("-inf"))
+            out[qo[r] : qo[r + 1]] = torch.einsum("hmn,nhd->mhd", s.softmax(-1), v).to(out.dtype)
+        return out
+
+
+def test_attention_peer_reads_the_cache_like_peagle(monkeypatch):
+    monkeypatch.setattr(fp, "WORKSPACE_BYTES", 1024)
+    fake = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=_FakePrefillWrapper)
+    c = pa.Case(2, 4, 2, 16, 37, n_sets=2, seed=3, device="cpu")  # a partial last page
+    peers = fp.AttentionPeers(fake, c, 2, backends=("fa2", "fa3", "xqa"))
+    assert set(peers.fns) == {"flashinfer-fa2"}
+    assert peers.errors["flashinfer-fa3"] == "RuntimeError: fa3 is not served here"
+    assert "xqa" in peers.errors["flashinfer-xqa"] or "decode" in peers.errors["flashinfer-xqa"]
+    errs = pa.check_outputs(c, peers.fns)
+    assert errs["flashinfer-fa2"] < 0.05
+    out1 = peers.fns["flashinfer-fa2"](1).clone()  # set 1: another page table, another query
+    want = c.peagle(1)
+    assert (out1.float() - want.float()).abs().max() < 0.05
+
+
+def test_attention_check_catches_a_wrong_mask(monkeypatch):
+    class TopLeft(_FakePrefillWrapper):  # causal from the first key: a wrong peer
+        def run(self, q, kv_cache, out):
+            super().run(q, kv_cache, out)
+            return out * 0.5
+
+    monkeypatch.setattr(fp, "WORKSPACE_BYTES", 1024)
+    fake = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=TopLeft)
+    c = pa.Case(1, 4, 2, 16, 40, n_sets=1, seed=5, device="cpu")
+    peers = fp.AttentionPeers(fake, c, 1, backends=("fa2",))
+    assert pa.check_outputs(c, peers.fns)["flashinfer-fa2"] > 0.1
+
+
+def test_xqa_mask_bits():
+    m = fp.xqa_causal_mask(3, 14)
+    assert m.shape == (3, 14, 2) and m.dtype == torch.uint16
+    words = m.view(torch.int32).view(3, 14).to(torch.int64) & 0xFFFFFFFF
+    for i in range(14):
+        assert int(words[1, i]) == (1 << (i + 1)) - 1  # keys 0..i of the 14 draft rows
+    m = fp.xqa_causal_mask(1, 40)  # two 32-bit words per row
+    w = m.view(torch.int32).view(40, 2).to(torch.int64) & 0xFFFFFFFF
+    assert int(w[35, 0]) == 0xFFFFFFFF and int(w[35, 1]) == (1 << 4) - 1
+    assert int(w[3, 1]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# chi-square
+# ---------------------------------------------------------------------------------------------
+
+
+def test_chi_square_sf_matches_known_values():
+    assert abs(chi_square_sf(3.841458820694124, 1) - 0.05) < 1e-6
+    assert abs(chi_square_sf(30.143527205646155, 19) - 0.05) < 1e-6
+
+
+def _rows(n_rows=16, v=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n_rows, v, generator=g) * 3.0
+
+
+@pytest.mark.parametrize("top", [None, (20, 0.9)])
+def test_chi_square_accepts_the_right_sampler(top):
+    logits = _rows()
+    p = target_probs(logits, 0.7, *(top or (None, None)))
+    g = torch.Generator().manual_seed(1)
+    reps = 256
+    samples = torch.multinomial(p, reps, replacement=True, generator=g).T.reshape(-1)
+    rows = torch.arange(p.shape[0]).repeat(reps)
+    chi = chi_square_pit(samples, p, rows=rows, generator=torch.Generator().manual_seed(2))
+    assert chi.n == 16 * reps and chi.dof == 19
+    assert chi.ok(), chi
+
+
+def test_chi_square_rejects_wrong_samplers():
+    logits = _rows()
+    right = target_probs(logits, 0.7)
+    g = torch.Generator().manual_seed(1)
+    reps = 256
+    rows = torch.arange(16).repeat(reps)
+
+    def draw(p):
+        return torch.multinomial(p, reps, replacement=True, generator=g).T.reshape(-1)
+
+    # Wrong temperature: same support, other weights.
+    chi = chi_square_pit(draw(target_probs(logits, 1.0)), right, rows=rows)
+    assert not chi.ok() and chi.p_value < 1e-6, chi
+    # Top-k/top-p not applied: tokens outside the filtered support fail outright.
+    filtered = target_probs(logits, 0.7, 5, 0.8)
+    chi = chi_square_pit(draw(right), filtered, rows=rows)
+    assert chi.p_value == 0.0
+    # The two most likely tokens of every row swapped.
+    swapped = right.clone()
+    top2 = right.topk(2, dim=-1).indices
+    a, b = top2[:, 0:1], top2[:, 1:2]
+    swapped.scatter_(1, a, right.gather(1, b)).scatter_(1, b, right.gather(1, a))
+    chi = chi_square_pit(draw(swapped), right, rows=rows)
+    assert not chi.ok(), chi
+
+
+def test_target_probs_filters():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    assert torch.allclose(target_probs(logits, 1.0), torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    assert torch.allclose(target_probs(logits, 1.0, 2), torch.tensor([[4 / 7, 3 / 7, 0, 0]]))
+    # top-p 0.6: 0.4 alone is short of 0.6, 0.4 + 0.3 reaches it.
+    assert torch.allclose(
+        target_probs(logits, 1.0, None, 0.6), torch.tensor([[4 / 7, 3 / 7, 0, 0]])
+    )
+    assert torch.allclose(
+        target_probs(logits, 1.0, 3, 0.99), torch.tensor([[4 / 9, 3 / 9, 2 / 9, 0]])
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the carry tool
+# ---------------------------------------------------------------------------------------------
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+def test_import_closure_follows_module_level_and_core_lazy_imports(tmp_path):
+    tool = _carry_tool()
+    _write(tmp_path, "flashinfer/__init__.py", "from .a import x\nfrom . import jit\n")
+    a_src = "try:\n    from .b import y\nexcept ImportError:\n    pass\n"
+    _write(tmp_path, "flashinfer/a.py", a_src + "def f():\n    from .lazy import z\n")
+    _write(tmp_path, "flashinfer/b.py", "import flashinfer.c\n")
+    _write(tmp_path, "flashinfer/c.py", "")
+    _write(tmp_path, "flashinfer/lazy.py", "from .lazy_dep import w\n")
+    _write(tmp_path, "flashinfer/lazy_dep.py", "")
+    _write(tmp_path, "flashinfer/unused.py", "")
+    _write(tmp_path, "flashinfer/jit/__init__.py", "from .core import gen\n")
+    _write(tmp_path, "flashinfer/jit/core.py", "def gen():\n    from ..other import q\n")
+    _write(tmp_path, "flashinfer/other.py", "")
+    base = tool.import_closure(tmp_path, ["flashinfer"])
+    assert base == {"flashinfer", "flashinfer.a", "flashinfer.b", "flashinfer.c",
+                    "flashinfer.jit", "flashinfer.jit.core"}  # fmt: skip
+    full = tool.import_closure(tmp_path, ["flashinfer"], core=["flashinfer.a"])
+    assert full == base | {"flashinfer.lazy", "flashinfer.lazy_dep"}
+    assert "flashinfer.other" not in full and "flashinfer.unused" not in full
+
+
+@pytest.mark.skipif(not WHEEL.exists(), reason=f"no FlashInfer wheel at {WHEEL}")
+def test_carry_selection_on_the_real_wheel(tmp_path):
+    tool = _carry_tool()
+    with zipfile.ZipFile(WHEEL) as z:
+        keep = (*tool.DATA_SUFFIXES, ".py")
+        names = [n for n in z.namelist() if n.startswith("flashinfer/")
+                 and not n.startswith("flashinfer/data/") and n.endswith(keep)]  # fmt: skip
+        z.extractall(tmp_path, members=names)
+    files = tool.python_files(tmp_path)
+    need = ["flashinfer/__init__.py", "flashinfer/prefill.py", "flashinfer/decode.py",
+            "flashinfer/xqa.py", "flashinfer/sampling.py", "flashinfer/topk.py",
+            "flashinfer/attention/_core.py", "flashinfer/jit/core.py", "flashinfer/jit/xqa.py",
+            "flashinfer/jit/attention/modules.py", "flashinfer/jit/sampling.py"]  # fmt: skip
+    assert set(need) <= set(files)
+    raw = sum((tmp_path / f).stat().st_size for f in files)
+    total = sum((tmp_path / n).stat().st_size for n in names)
+    assert raw < 0.75 * total  # pruned: the closure leaves most of the package behind
+    assert raw < 32 * 2**20  # compresses (xz) to well under the carry budget
+    assert not any(f.startswith("flashinfer/experimental/b12x/") for f in files)
