@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from conftest import requires_cuda
 from safetensors.torch import load_file, save_file
 from tiny_models import HIDDEN, VOCAB, make_drafter, make_target
 
@@ -105,8 +106,8 @@ def write_speculators_checkpoint(path, drafter: Eagle3Drafter, layers: str, para
     return config
 
 
-def tiny_drafter(layers: str, parallel: bool, seed: int = 0):
-    target, g = make_target()
+def tiny_drafter(layers: str, parallel: bool, seed: int = 0, head_dim: int | None = None):
+    target, g = make_target() if head_dim is None else make_target(head_dim=head_dim)
     d = make_drafter(
         target,
         g,
@@ -227,6 +228,35 @@ def test_speculators_head_decodes_greedy_equal_to_no_speculation(tmp_path, metho
     outs = spec_eng.generate(prompts, sp)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert sum(o.stats.num_accepted_tokens for o in outs) > 0  # the head drafts usefully
+
+
+@requires_cuda
+@pytest.mark.parametrize("method,layers", CASES)
+def test_speculators_head_decodes_on_cuda_bf16_under_the_near_tie_rule(tmp_path, method, layers):
+    """The same speculators-format heads loaded on CUDA in bf16 (head_dim 64, which the CUDA
+    attention serves), CUDA graphs on: greedy output equals no speculation up to bf16 near-ties
+    (the rule of tests/test_decode_cuda.py: every divergence sits where the transformers bf16
+    model's two logits are within TIE of each other)."""
+    from test_decode_cuda import hf_greedy, match_rate
+
+    target, d = tiny_drafter(layers, parallel=method == "peagle", head_dim=64)
+    target.save_pretrained(tmp_path / "target")
+    write_speculators_checkpoint(tmp_path / "spec", d, layers, parallel=method == "peagle")
+    runner, drafter = load_model_pair(str(tmp_path / "target"), str(tmp_path / "spec"),
+                                      device="cuda", dtype=torch.bfloat16)  # fmt: skip
+    assert drafter.config.source_format == "speculators"
+    prompts = [[5], [11, 3, 60], [42, 17, 8, 90, 33, 2, 71]]
+    sp = SamplingParams(max_new_tokens=24)
+    plain = SpecDecoder(runner, None, method="none").generate(prompts, sp)
+    eng = SpecDecoder(runner, drafter, method=method, num_speculative_tokens=3, max_num_seqs=4)
+    outs = eng.generate(prompts, sp)
+    assert eng.graphs is not None and eng.graphs.graphs  # decode steps ran in CUDA graphs
+    low = runner.model
+    rate = match_rate(low, prompts, [o.token_ids for o in outs], [o.token_ids for o in plain])
+    assert rate >= 0.9, rate
+    assert sum(o.stats.num_accepted_tokens for o in outs) > 0
+    refs = hf_greedy(low, prompts, 24)
+    assert match_rate(low, prompts, [o.token_ids for o in plain], refs) >= 0.9
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["peagle", "eagle3"])
