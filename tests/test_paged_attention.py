@@ -726,3 +726,25 @@ def test_nonfinite_kv_behind_sliding_window_does_not_poison_later_rows(device, g
         assert torch.equal(out[3:], clean[3:]), (num_splits, "rows 3..7 changed")
         assert torch.equal(lse[3:], clean_lse[3:])
         assert not torch.isfinite(out[:3].float()).all(dim=-1).any(), "rows 0..2 see it"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_nonfinite_kv_window_narrower_than_query_does_not_poison_other_rows(device, gen, dtype, d,
+                                                                           impl):  # fmt: skip
+    # window_left 3 < q_len 8: one tile holds both edges (the last row's first key lies past the
+    # first row's last key), so every key of it is partly masked. Row i sees keys 34+i .. 37+i:
+    # NaN at key 36 is seen by rows 0..2 only, inf at key 44 by row 7 only.
+    pb = make_problem(gen, [8], [45], 8, 2, d, 16, dtype, device, layout="plain")
+    for num_splits in (1, 2, 0):
+        clean, clean_lse = run_op(pb, max_query_len=8, num_splits=num_splits, window_left=3)
+        check_against_reference(pb, clean, clean_lse, window_left=3)
+        pb2 = Problem(pb.query, pb.key_cache.clone(), pb.value_cache.clone(), pb.block_table,
+                      pb.query_start_loc, pb.seq_lens)  # fmt: skip
+        _set_keys(pb2, 0, [36], float("nan"), "kv")
+        _set_keys(pb2, 0, [44], float("inf"), "v")
+        out, lse = run_op(pb2, max_query_len=8, num_splits=num_splits, window_left=3)
+        assert torch.equal(out[3:7], clean[3:7]), (num_splits, "rows 3..6 changed")
+        assert torch.equal(lse[3:7], clean_lse[3:7])
+        assert not torch.isfinite(out[:3].float()).all(dim=-1).any(), "rows 0..2 see the NaN"
+        assert not torch.isfinite(out[7].float()).all(), "row 7 sees the inf"

@@ -368,11 +368,16 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         if (key0 < tk.max_lo || key0 + kBlockN - 1 > tk.min_hi) {  // CTA-uniform
           uint64_t my_bad = 0;  // bit (key - key0): this thread scrubbed a word of that key
           constexpr int kWords = D / 2;  // 32-bit words per key row
+          // Only the partly masked keys' rows are visited: [0, n_lo) lie before the last row's
+          // first key (window), [r_hi, kBlockN) after the first row's last key (causal); the
+          // keys in between every row sees. r_hi >= n_lo, so no row is visited twice.
+          const int n_lo = min(max(tk.max_lo - key0, 0), kBlockN);
+          const int r_hi = min(max(tk.min_hi - key0 + 1, n_lo), kBlockN);
+          const int n_words = (n_lo + kBlockN - r_hi) * kWords;
 #pragma unroll 1
-          for (int w = tid; w < kBlockN * kWords; w += Cfg::kThreads) {
-            const int row = w / kWords;
-            const int32_t key = key0 + row;
-            if (key >= tk.max_lo && key <= tk.min_hi) continue;
+          for (int w = tid; w < n_words; w += Cfg::kThreads) {
+            const int i = w / kWords;
+            const int row = i < n_lo ? i : r_hi + (i - n_lo);
             const int wc = w % kWords;
             auto* word = reinterpret_cast<uint32_t*>(smem + (sv - s_q) +
                                                      tile_offset<kBlockN>(row, wc >> 2)) +
