@@ -171,6 +171,41 @@ def test_requests_join_and_finish_independently(llama, llama_refs):
     assert eng.allocator.num_allocated == 0
 
 
+@pytest.mark.parametrize("method", ["peagle", "eagle3", "none"])
+def test_max_num_batched_tokens_admits_prompts_within_the_step_budget(llama, llama_refs, method):
+    """Prompts are admitted in order while the step's rows (decode rows + admitted prompts) fit
+    the budget; the step's first prompt is admitted regardless (no chunked prefill). Outputs
+    are those of the unbudgeted engine."""
+    model, g, runner = llama
+    budget = 10  # prompts of 1, 3, 7 and 12 tokens
+    eng = engine(runner, model, g, method, 3, max_num_seqs=4, max_num_batched_tokens=budget)
+    steps = []
+    orig = eng.scheduler.schedule
+
+    def spy():
+        waiting = [len(r.prompt_token_ids) for r in eng.scheduler.waiting]
+        s = orig()
+        if s is not None:
+            new = [s.qlens[i] for i in s.prefills]
+            decode = sum(q for i, q in enumerate(s.qlens) if i not in s.prefills)
+            steps.append((decode, new, waiting[len(new) : len(new) + 1]))
+        return s
+
+    eng.scheduler.schedule = spy
+    outs = eng.generate(PROMPTS, SamplingParams(max_new_tokens=N))
+    assert [o.token_ids for o in outs] == llama_refs
+    admitting = [st for st in steps if st[1]]
+    assert [len(st[1]) for st in admitting] == [2, 1, 1]  # 1+3 | 7 (first) | 12 (first)
+    for decode, new, nxt in steps:
+        if len(new) > 1:
+            assert decode + sum(new) <= budget
+        if new and nxt:  # the next waiting prompt did not fit
+            assert decode + sum(new) + nxt[0] > budget
+    assert eng.allocator.num_allocated == 0
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        engine(runner, model, g, method, 3, max_num_batched_tokens=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stop conditions and budgets
 # ---------------------------------------------------------------------------------------------

@@ -140,9 +140,11 @@ def outputs_digest(token_lists: list[list[int]]) -> str:
 def run_config(
     target, drafter, method: str, k: int, concurrency: int, prompts: list[list[int]],
     max_new_tokens: int, cuda_graphs: str = "auto", synthetic=None,
+    max_num_batched_tokens: int | None = None,
 ) -> dict:  # fmt: skip
     """Measure one config (see the module docstring); returns its row. ``synthetic``: a
-    :class:`~peagle.decode.synthetic.SyntheticAcceptance` (drawn decisions; benchmarks only)."""
+    :class:`~peagle.decode.synthetic.SyntheticAcceptance` (drawn decisions; benchmarks only);
+    ``max_num_batched_tokens``: the engine's per-step row budget (prompts admitted in steps)."""
     from peagle.decode import SamplingParams, SpecDecoder
 
     device = target.device
@@ -155,6 +157,7 @@ def run_config(
         max_model_len=max(len(p) for p in prompts) + max_new_tokens + 1,
         cuda_graphs=cuda_graphs,
         synthetic_acceptance=synthetic,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
     if engine.graphs is not None:
         engine.graphs.capture_all()
@@ -221,6 +224,7 @@ def run_config(
         "drafter_ms_per_step": round(drafter_ms, 4),
         "overhead_ms_per_step": round(max(wall_ms - target_ms - drafter_ms, 0.0), 4),
         "cuda_graphs": device.type == "cuda" and cuda_graphs != "off",
+        "max_num_batched_tokens": max_num_batched_tokens,
         "outputs_sha1": outputs_digest([o.token_ids for o in outs]),
     }
 

@@ -34,6 +34,7 @@ def validate_engine_args(
     kv_cache_memory: int | None,
     target=None,
     drafter=None,
+    max_num_batched_tokens: int | None = None,
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument of :class:`SpecDecoder` (and, on CUDA, a
     target or drafter whose head_dim the CUDA attention kernels do not serve: refused here rather
@@ -45,6 +46,7 @@ def validate_engine_args(
     _check_int("block_size", block_size, 1)
     _check_int("num_blocks", num_blocks, 1, allow_none=True)
     _check_int("kv_cache_memory", kv_cache_memory, 1, allow_none=True)
+    _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, allow_none=True)
     for name, model in (("target", target), ("drafter", drafter if method != "none" else None)):
         _check_cuda_head_dim(name, model)
 

@@ -62,6 +62,10 @@ class SpecDecoder:
             static-buffer path run eagerly, any device: for tests).
         synthetic_acceptance: benchmarks only (default None: off): accept/reject decisions drawn
             from per-position rates (:mod:`~peagle.decode.synthetic`); outputs are not the text.
+        max_num_batched_tokens: the most target rows one step runs (running requests' decode rows
+            plus the prompts admitted in it); a waiting request is admitted only while its prompt
+            fits, except the step's first prompt (prompts are never split: no chunked prefill).
+            Default None: every request that has a slot and KV blocks is admitted at once.
 
     Raises:
         ValueError: unknown method, missing drafter, drafter/target mismatch, a checkpoint that
@@ -83,6 +87,7 @@ class SpecDecoder:
         eos_token_ids: Sequence[int] = (),
         cuda_graphs: str = "auto",
         synthetic_acceptance: SyntheticAcceptance | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -90,6 +95,7 @@ class SpecDecoder:
             method=method, num_speculative_tokens=num_speculative_tokens, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, block_size=block_size, num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory, target=target, drafter=drafter,
+            max_num_batched_tokens=max_num_batched_tokens,
         )  # fmt: skip
         self.target = target
         self.method = method
@@ -148,6 +154,7 @@ class SpecDecoder:
         self.scheduler = Scheduler(
             num_blocks, block_size, max_num_seqs, self.max_model_len, self.drafter_max_len,
             self.num_spec_tokens, self.max_blocks_per_seq, self.vocab_size, eos_token_ids,
+            max_num_batched_tokens,
         )  # fmt: skip
         self.allocator = self.scheduler.allocator
         self.target_kv = target.make_kv_cache(num_blocks, block_size)

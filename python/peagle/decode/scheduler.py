@@ -38,12 +38,14 @@ class Scheduler:
         max_blocks_per_seq: block-table columns of the widest request.
         vocab_size: token ids are checked against it.
         eos_token_ids: ids that end a request (unless its ``ignore_eos``).
+        max_num_batched_tokens: the most rows a step runs (decode rows + admitted prompts; the
+            step's first prompt is admitted regardless); None: no limit.
     """
 
     def __init__(
         self, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int,
         drafter_max_len: int, num_spec_tokens: int, max_blocks_per_seq: int, vocab_size: int,
-        eos_token_ids: Sequence[int] = (),
+        eos_token_ids: Sequence[int] = (), max_num_batched_tokens: int | None = None,
     ) -> None:  # fmt: skip
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
@@ -54,6 +56,7 @@ class Scheduler:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._next_id = 0
@@ -112,7 +115,10 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         """Admit what fits, then lay out every running request's rows of this step and allocate
         the blocks they write; None when nothing runs."""
-        self._admit()
+        budget = self.max_num_batched_tokens
+        if budget is not None:  # what the running requests' decode rows leave for prompts
+            budget -= sum(self._decode_rows(r) for r in self.running)
+        self._admit(budget)
         if not self.running:
             return None
         reqs = self.running
@@ -125,13 +131,17 @@ class Scheduler:
                 p0, k, n = 0, 0, len(r.prompt_token_ids)
                 prefills.append(i)
             else:
-                k = self.num_drafts(r) if r.draft_row is not None else 0
-                p0, n = r.num_tokens - 1, k + 1
+                n = self._decode_rows(r)
+                k, p0 = n - 1, r.num_tokens - 1
             self.ensure_positions(r, p0 + n)
             num_drafts.append(k)
             first_pos.append(p0)
             qlens.append(n)
         return ScheduledStep(reqs, num_drafts, first_pos, qlens, prefills)
+
+    def _decode_rows(self, req: Request) -> int:
+        """A prefilled request's rows this step: its last token + the drafts it verifies."""
+        return (self.num_drafts(req) if req.draft_row is not None else 0) + 1
 
     def num_drafts(self, req: Request) -> int:
         """Drafts the request's next verification may carry (EDGE E2: never more than the
@@ -175,9 +185,16 @@ class Scheduler:
         longest = min(len(req.prompt_token_ids) + req.params.max_new_tokens, self.max_model_len)
         return longest + max(self.num_spec_tokens - 1, 0)
 
-    def _admit(self) -> None:
+    def _admit(self, budget: int | None = None) -> None:
+        """Start waiting requests in order while a slot, their KV blocks and (``budget``: rows
+        left in this step) their prompt fit; the step's first prompt needs only the slot and
+        blocks."""
+        first = True
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            n = len(req.prompt_token_ids)
+            if budget is not None and not first and n > budget:
+                return
             need = blocks_for(self._max_positions(req), self.block_size)
             if not self.allocator.reserve(need):
                 if not self.running:
@@ -190,6 +207,9 @@ class Scheduler:
             req.start_time = time.perf_counter()
             self.waiting.popleft()
             self.running.append(req)
+            first = False
+            if budget is not None:
+                budget -= n
 
     def ensure_positions(self, req: Request, num_positions: int) -> None:
         """Allocate blocks so that positions ``[0, num_positions)`` have slots."""
