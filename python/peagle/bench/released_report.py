@@ -589,6 +589,95 @@ def floor_table(d: dict) -> list[str]:
     return lines + [""]
 
 
+PROFILE_PREFIX = "profile-target-pass-"
+_GEMM = ("gemm", "cutlass", "nvjet", "xmma", "gemv")
+
+
+def load_profile(results: Path, name: str) -> dict | None:
+    """``benchmarks/results/profile-target-pass-<shape>-h200.json`` (tools/profile_target_pass.py)
+    or None."""
+    import json
+
+    p = results / f"{PROFILE_PREFIX}{name}{FILE_SUFFIX}"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def expert_gemm_us(pass_: dict) -> float:
+    """µs per pass of the GEMM kernels launched inside the experts module (the grouped GEMMs)."""
+    tops = pass_.get("top_kernels", ())
+    gemms = [
+        k for k in tops if k["part"] == "experts" and any(g in k["kernel"].lower() for g in _GEMM)
+    ]
+    return sum(k["us"] for k in gemms)
+
+
+def profile_table(prof: dict | None) -> list[str]:
+    """Where the target pass's time goes (issue 20, goal 2's "show where the time goes and what
+    would"): per model part, from tools/profile_target_pass.py."""
+    if not prof:
+        return []
+    passes = [prof["passes"][k] for k in sorted(prof["passes"], key=int)]
+    lines = [
+        "#### Where the target pass's time goes (profile, C=1)",
+        "",
+        f"`{prof['command']}` (commit `{prof['commit']}`, {prof['gpu']}, context "
+        f"{prof['context']}): the pass as one CUDA graph (median of replays) against its floor "
+        "(same bytes as above, copy bandwidth of this run); then the same pass run eagerly under "
+        "torch.profiler, every kernel attributed to the model part whose host-side range "
+        "launched it (sum of kernel durations; *between kernels* = graph time minus that sum); "
+        "*torch.compile*: the same pass compiled by inductor (elementwise chains fused) and "
+        f"captured in a graph. {prof.get('routing', '')}",
+        "",
+        "| tokens in pass | graph ms | floor ms | graph / floor | kernels | kernel sum ms | "
+        "between kernels ms | expert GEMMs ms (their floor) | torch.compile ms (/ floor) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in passes:
+        comp = (
+            f"{p['compiled_graph_ms']:.3f} ({p['compiled_x_floor']:.2f}x)"
+            if "compiled_graph_ms" in p
+            else ("failed" if "compile_error" in p else "not run")
+        )
+        lines.append(
+            f"| {p['tokens']} | {p['graph_ms']:.3f} | {p['floor_ms']:.3f} | {p['x_floor']:.2f}x | "
+            f"{p['kernels_per_pass']:.0f} | {p['kernel_sum_ms']:.3f} | {p['gap_ms']:.3f} | "
+            f"{expert_gemm_us(p) / 1e3:.3f} ({p['expert_floor_ms']:.3f}) | {comp} |"
+        )
+    parts = list(dict.fromkeys(k for p in passes for k in p["parts"]))
+    head = " | ".join(f"{p['tokens']} tok: kernels / µs / share" for p in passes)
+    lines += ["", f"| part | {head} |", "|---|" + "---|" * len(passes)]
+    for part in parts:
+        cells = []
+        for p in passes:
+            v = p["parts"].get(part)
+            cells.append("—" if v is None else f"{v['kernels']:.0f} / {v['us']:.0f} / "
+                         f"{v['share']:.1%}")  # fmt: skip
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for p in passes:
+        gemm = expert_gemm_us(p) / 1e3
+        small = (
+            p["kernel_sum_ms"]
+            - gemm
+            - sum(
+                p["parts"].get(x, {}).get("us", 0.0) for x in ("attention", "lm_head", "attn_proj")
+            )
+            / 1e3
+        )
+        lines.append(
+            f"* {p['tokens']} token(s): {p['kernels_per_pass']:.0f} kernels; the expert GEMMs "
+            f"take {gemm:.3f} ms against their {p['expert_floor_ms']:.3f} ms floor "
+            f"({gemm / p['expert_floor_ms']:.2f}x); about {max(small, 0):.3f} ms is in small "
+            "kernels outside the expert GEMMs, attention (projections included) and LM head "
+            "(norms, RoPE, routing, expert "
+            f"gather/scatter, residual adds) and {p['gap_ms']:.3f} ms between kernels"
+            + (f"; torch.compile's fusion measured {p['compiled_graph_ms']:.3f} ms "
+               f"({p['compiled_x_floor']:.2f}x the floor)" if "compiled_graph_ms" in p else "")
+            + "."
+        )  # fmt: skip
+    return lines + [""]
+
+
 def memory_table(d: dict) -> list[str]:
     rows = list(d.get("configs", {}).values())
     if not rows:
@@ -717,8 +806,9 @@ def breakdown_context(d: dict) -> int:
     return GOAL_CONTEXT if GOAL_CONTEXT in ctxs or not ctxs else ctxs[0]
 
 
-def section(d: dict, docs: Path) -> tuple[list[str], list[Path]]:
-    """The docs/results.md section of one released results file, and the PNGs written."""
+def section(d: dict, docs: Path, profile: dict | None = None) -> tuple[list[str], list[Path]]:
+    """The docs/results.md section of one released results file (``profile``: its target-pass
+    profile, :func:`load_profile`), and the PNGs written."""
     from peagle.bench import plots
 
     name, tiny = shape_of(d)
@@ -742,7 +832,7 @@ def section(d: dict, docs: Path) -> tuple[list[str], list[Path]]:
     if plots.released_step_breakdown(d, docs / pngs["breakdown"], GOAL_CONCURRENCY, ctx):
         written.append(docs / pngs["breakdown"])
         lines += [f"![{pngs['breakdown']}]({pngs['breakdown']})", ""]
-    lines += floor_table(d) + memory_table(d) + published_table(d)
+    lines += floor_table(d) + profile_table(profile) + memory_table(d) + published_table(d)
     if plots.released_vs_published(d, our_metrics(d), PUBLISHED, docs / pngs["published"]):
         written.append(docs / pngs["published"])
         lines += [f"![{pngs['published']}]({pngs['published']})", ""]
@@ -782,7 +872,7 @@ def sections(results: Path, docs: Path) -> tuple[list[str], list[Path], list[str
     lines.append("")
     written, goal_lines = [], []
     for p, d in zip(files, datas, strict=True):
-        sec, w = section(d, docs)
+        sec, w = section(d, docs, load_profile(results, shape_of(d)[0]))
         lines += sec
         written += w
         goal_lines += [
