@@ -409,6 +409,18 @@ def header_section(d: dict) -> list[str]:
         f"{s.get('max_new_tokens')} new tokens per request, >= {s.get('num_requests')} requests "
         f"per config. Commands (resumed runs): " + "; ".join(f"`{c}`" for c in cmds if c) + ".",
         "",
+        *(
+            [
+                "Every decode step replays a CUDA graph; the steps that admit requests run "
+                "eagerly (a prefill's rows are the prompt, not a captured shape; at context 8k "
+                "and C=64 the 65536-row step budget admits 8 prompts per step, so those steps mix "
+                "prefills with the first requests' decodes, eagerly too). The breakdown and floor "
+                "steps are timed in graphs.",
+                "",
+            ]
+            if s.get("cuda_graphs")
+            else []
+        ),
         f"Target: {name}{' (TINY CPU test shape)' if tiny else ''} from its published config "
         f"({arch}), random weights built on the device: {mem.get('target_weights_gib')} GiB; "
         f"experts: {rs.get('experts', '?')}. Heads (random weights): {hw}; P-EAGLE 4 layers, "
