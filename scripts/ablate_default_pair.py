@@ -238,90 +238,22 @@ def variant_seconds(recipe: Recipe, v: Variant, minutes: float, ks: list[int]) -
 
 
 def plan(
-    recipe: Recipe,
-    variants: list[Variant],
-    minutes: float,
-    ks: list[int],
-    call_s: float = rc.H200_CALL_S,
-    build: bool = True,
-    lanes: int = 1,
+    recipe: Recipe, variants: list[Variant], minutes: float, ks: list[int]
 ) -> tuple[list[list[tuple[str, float]]], list[tuple[str, str, float]]]:
-    """``(calls, shared)``: the H200 calls of ``tools/h200.sh ablate`` as lists of ``(item,
-    seconds)`` (the script's own rules: stages resume across calls, a variant starts only when it
-    fits before the deadline, the first variant of a call pays the compile), and the shared stages'
-    plan ``[(stage, what, minutes)]`` from the recipe's estimates."""
+    """``(calls, shared)``: the H200 calls of ``tools/h200.sh ablate`` on one GPU as lists of
+    ``(item, seconds)`` (:func:`default_pair.recipes.simulate_calls`: stages resume across calls,
+    a variant starts only when it fits before the deadline, the first variant of a call pays the
+    compile), and the shared stages' plan ``[(stage, what, minutes)]`` from the recipe."""
     shared = [p for p in rc.estimate_minutes(recipe) if p[0] in ("tokenizer+tokenize", "target",
                                                                   "regen")]  # fmt: skip
-    deadline = call_s - rc.H200_CALL_MARGIN_S
-    calls: list[list[tuple[str, float]]] = []
-    cur: list[tuple[str, float]] = []
-    t = 0.0
-
-    def new_call() -> None:
-        nonlocal cur, t
-        if cur:
-            calls.append(cur)
-        cur = [("start", rc.CALL_START_S)]
-        t = rc.CALL_START_S
-
-    new_call()
-    if build:
-        cur.append(("build", rc.BUILD_S))
-        t += rc.BUILD_S
-    for name, _, m in shared:
-        left = m * 60
-        while left > 0:
-            room = deadline - t
-            if room <= 0:
-                new_call()
-                continue
-            part = min(left, room)
-            cur.append((name, part))
-            t += part
-            left -= part
-            if left > 0:
-                new_call()
-                left += 10.0  # resume: reload the state / model
-        if t > deadline:
-            new_call()
-    # lanes: the variants of one call run side by side on as many GPUs (per lane the same rules)
-    per = [(v.name, variant_seconds(recipe, v, minutes, ks)) for v in variants]
-    lanes_left = [per[i::lanes] for i in range(lanes)]
-    first_in_call = False  # the shared stages ran in this call
-    while any(lanes_left):
-        # the call's variants: every lane takes variants while they fit (the first always)
-        lane_t = []
-        taken = []
-        for lane in lanes_left:
-            lt, got = t, []
-            while lane:
-                name, s = lane[0]
-                s_here = s + (rc.DRAFTER_COMPILE_S if not got else 0.0)
-                if (got or not first_in_call) and lt + s_here > deadline:
-                    break
-                got.append((name, s_here))
-                lt += s_here
-                lane.pop(0)
-            lane_t.append(lt)
-            taken.append(got)
-        if not any(taken):
-            new_call()
-            first_in_call = True
-            continue
-        for got in taken:
-            cur.extend(got)
-        t = max(lane_t)
-        first_in_call = False
-        if any(lanes_left):
-            new_call()
-            first_in_call = True
-    cur.append(("summary", 1.0))
-    calls.append(cur)
-    return calls, shared
+    items = [(name, m * 60, "split") for name, _, m in shared]
+    items += [(v.name, variant_seconds(recipe, v, minutes, ks), "variant") for v in variants]
+    items.append(("summary", 1.0, "split"))
+    return rc.simulate_calls(items), shared
 
 
 def print_plan(args, recipe: Recipe, variants: list[Variant]) -> int:
-    calls, shared = plan(recipe, variants, args.variant_minutes, args.ks, lanes=args.lanes)
+    calls, shared = plan(recipe, variants, args.variant_minutes, args.ks)
     print(
         f"ablation of recipe {recipe.name}: {len(variants)} variants x {args.variant_minutes:g} "
         f"min of training after the first step, scored by validation AL at K = {args.ks} "
@@ -330,21 +262,13 @@ def print_plan(args, recipe: Recipe, variants: list[Variant]) -> int:
     print("shared stages (estimated minutes on one H200):")
     for name, what, m in shared:
         print(f"  {name:<19} {m:5.1f}  {what}")
-    total = 0.0
-    for i, c in enumerate(calls, 1):
-        s = sum(x for _, x in c)
-        total += s
-        names = [n for n, _ in c]
-        vs = [n for n in names if n not in ("start", "build", "summary", *(p[0] for p in shared))]
-        stages = [n for n in dict.fromkeys(names) if n not in vs]
-        print(
-            f"call {i}: {s / 60:4.1f} min  {' + '.join(stages)}"
-            + (f"; variants {', '.join(vs)}" if vs else "")
-        )
+    total = sum(x for c in calls for _, x in c)
+    for line in rc.format_calls(calls):
+        print(line)
     print(
         f"total: {total / 60:.1f} H200 minutes of run time in {len(calls)} call(s) of at most "
         f"{rc.H200_CALL_S / 60:.2f} min (build included; the machine's start, ~3 min, and "
-        "transfers not included)"
+        "transfers not included; one GPU: --lanes N on N GPUs shortens the variants' calls)"
     )
     print(
         "timing constants: measured on the H200 -- the build (BUILD_S); extrapolated from the "

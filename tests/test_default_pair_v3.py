@@ -211,12 +211,17 @@ def test_v3_dry_run_plan_fits_one_reservation(tmp_path, capsys):
     stages = {}
     for line in out.splitlines():
         parts = line.split()
-        if line.startswith("  ") and len(parts) > 1 and parts[0] != "total":
+        if line.startswith("  ") and len(parts) > 1 and parts[0] not in ("total", "call"):
             stages[parts[0]] = float(parts[1])
     assert {"target", "regen", "peagle", "eagle3", "measure"} <= set(stages)
     assert all(m < 9.5 for m in stages.values()), stages
     total = float(out.split("  total")[1].split()[0])
     assert total <= 28.0  # three calls of 9.5 min, start-ups included
+    # the simulated tools/h200.sh calls (build, start-ups, resumes): 3, with room for the
+    # machine's ~3-minute start in a 30-minute reservation
+    calls = [float(x.split()[2]) for x in out.splitlines() if x.startswith("  call ")]
+    assert len(calls) == 3 and all(c < 9.5 for c in calls), out
+    assert float(out.split("tools/h200.sh pair: ~")[1].split()[0]) <= 26.0
     r = RECIPES["gpu"]
     assert r is RECIPES["gpu-v3"] and r.target.num_layers >= 24 and r.target.head_dim in (64, 128)
     assert r.peagle.num_layers == 4 and r.eagle3.num_layers == 1
@@ -422,6 +427,30 @@ def test_ablation_noise_guard_is_a_paired_bootstrap_over_prompts():
     se_steady = ab.gain_se(results["peagle-base"], results["peagle-no-prompt-loss"], 7)
     assert se_noisy > 0.05 and se_steady < 1e-9
     assert ab.pick(results, 7, 0.02) == {"peagle": {"exclude_prompt_loss": True}}
+
+
+def test_call_simulation_follows_the_scripts_rules():
+    from default_pair import recipes as rc
+
+    deadline = rc.H200_CALL_S - rc.H200_CALL_MARGIN_S
+    first = deadline - rc.CALL_START_S - rc.BUILD_S  # what the first call holds after the build
+    # a resumable stage runs to the deadline and resumes (+ RESUME_S) in the next call
+    calls = rc.simulate_calls([("target", first + 100, "split")])
+    assert [n for n, _ in calls[1]] == ["start", "target"]
+    assert abs(calls[1][1][1] - (100 + rc.RESUME_S)) < 1e-6
+    # a head is cut 15 s before the deadline and pays its load + compile again
+    calls = rc.simulate_calls([("x", first - 200, "split"), ("peagle", 300, "head")])
+    assert abs(calls[0][-1][1] - 185) < 1e-6
+    assert abs(calls[1][1][1] - (115 + rc.DRAFTER_START_S)) < 1e-6
+    # a head does not start with <= 90 s left; a variant starts only when it fits
+    calls = rc.simulate_calls([("x", first - 80, "split"), ("eagle3", 60, "head")])
+    assert [n for n, _ in calls[1]] == ["start", "eagle3"]
+    calls = rc.simulate_calls([("x", first - 100, "split"), ("v1", 90, "variant")])
+    assert [n for n, _ in calls[1]] == ["start", "v1"]
+    assert abs(calls[1][1][1] - (90 + rc.DRAFTER_COMPILE_S)) < 1e-6  # the call's first compiles
+    calls = rc.simulate_calls([("v1", 60, "variant"), ("v2", 60, "variant")])
+    assert len(calls) == 1 and abs(calls[0][3][1] - 60) < 1e-6  # v2: compiled already
+    assert rc.format_calls(calls)[0].startswith("call 1: ")
 
 
 def test_ablation_dry_run_fits_one_reservation(capsys):

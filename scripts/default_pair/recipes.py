@@ -171,9 +171,12 @@ RECIPES["gpu-v3"] = Recipe(
         max_epochs=2.0,
         budget_minutes=7.0,
     ),
-    # equal budgets: the comparison of the two heads is at equal training time
-    peagle=DrafterRecipe(num_layers=4, budget_minutes=6.0, **_V3_HEAD),
-    eagle3=DrafterRecipe(num_layers=1, budget_minutes=6.0, **_V3_HEAD),
+    # equal budgets: the comparison of the two heads is at equal training time; 5 minutes each
+    # so that the whole run fits 3 calls of tools/h200.sh (its --dry-run simulates the calls:
+    # with 6 a head is cut at a call's end, pays its load + compile again, and the run needs a
+    # 4th call, ~28 min + the machine's start: over one 30-minute reservation)
+    peagle=DrafterRecipe(num_layers=4, budget_minutes=5.0, **_V3_HEAD),
+    eagle3=DrafterRecipe(num_layers=1, budget_minutes=5.0, **_V3_HEAD),
     draft_vocab_size=1024,
     eval_prompts=96,
     eval_prompt_tokens=96,
@@ -203,7 +206,9 @@ RECIPES["gpu-v3-ablate"] = replace(
     RECIPES["gpu-v3"],
     name="gpu-v3-ablate",
     train_max_bytes=128 * 10**6,
-    target_train=replace(RECIPES["gpu-v3"].target_train, budget_minutes=2.5, max_epochs=1.0),
+    target_train=replace(
+        RECIPES["gpu-v3"].target_train, budget_minutes=2.5, max_epochs=1.0, warmup=100
+    ),
     regen_prompts=50000,
     regen_budget_minutes=0.5,
     humaneval=False,
@@ -458,3 +463,87 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
     )
     plan.append(("report", "docs/default-model-pair-<recipe>.md", 0.05))
     return plan
+
+
+# -- H200 calls (the --dry-run plans) ---------------------------------------------------------
+RESUME_S = 10.0  # estimate: a resumed target / regeneration / measurement reloads its state
+DRAFTER_MIN_START_S = 90.0  # stages.py: a head does not start later in a call with less left
+
+
+def simulate_calls(
+    items: list[tuple[str, float, str]],
+    call_s: float = H200_CALL_S,
+    build_s: float = BUILD_S,
+    compile_s: float = DRAFTER_COMPILE_S,
+) -> list[list[tuple[str, float]]]:
+    """The H200 calls of a ``tools/h200.sh`` mode as lists of ``(item, seconds)``, by the
+    scripts' own rules: each call pays ``CALL_START_S`` (the first also the build) and its
+    script stops ``H200_CALL_MARGIN_S`` before ``call_s``; ``items`` are ``(name, seconds,
+    rule)``, rule ``"split"`` (runs to the deadline and resumes next call, + ``RESUME_S``),
+    ``"head"`` (a drafter stage: not started with <= ``DRAFTER_MIN_START_S`` left unless first in
+    its call; cut by ``--time-limit`` 15 s before the deadline, resumed with its load + compile
+    again) or ``"variant"`` (an ablation variant: started only when it fits, unless first in its
+    call; the first variant of a call adds ``compile_s``). A call in which nothing fits still
+    makes progress with its first item."""
+    deadline = call_s - H200_CALL_MARGIN_S
+    calls: list[list[tuple[str, float]]] = [[("start", CALL_START_S), ("build", build_s)]]
+    t = CALL_START_S + build_s
+    did = False  # anything but start/build in this call
+    compiled = False  # a variant compiled in this call
+
+    def new_call() -> None:
+        nonlocal t, did, compiled
+        calls.append([("start", CALL_START_S)])
+        t, did, compiled = CALL_START_S, False, False
+
+    for name, seconds, rule in items:
+        left = seconds
+        while left > 1e-9:
+            room = deadline - t
+            if rule == "variant":
+                need = left + (0.0 if compiled else compile_s)
+                if did and need > room:
+                    new_call()
+                    continue
+                calls[-1].append((name, need))
+                t += need
+                compiled = did = True
+                left = 0.0
+            elif rule == "head":
+                if did and room <= DRAFTER_MIN_START_S:
+                    new_call()
+                    continue
+                part = min(left, max(1.0, room - 15.0))
+                calls[-1].append((name, part))
+                t += part
+                did = True
+                left -= part
+                if left > 1e-9:
+                    new_call()
+                    left += DRAFTER_START_S
+            else:
+                if did and room <= 0:
+                    new_call()
+                    continue
+                part = min(left, max(1.0, room))
+                calls[-1].append((name, part))
+                t += part
+                did = True
+                left -= part
+                if left > 1e-9:
+                    new_call()
+                    left += RESUME_S
+        if t > deadline:  # the scripts stop between stages once past the deadline
+            new_call()
+    if len(calls[-1]) == 1 and len(calls) > 1:  # a trailing call with nothing in it
+        calls.pop()
+    return calls
+
+
+def format_calls(calls: list[list[tuple[str, float]]]) -> list[str]:
+    """One line per call: its estimated minutes and what runs in it (repeats merged)."""
+    out = []
+    for i, c in enumerate(calls, 1):
+        names = list(dict.fromkeys(n for n, _ in c))
+        out.append(f"call {i}: {sum(s for _, s in c) / 60:4.1f} min  {' + '.join(names)}")
+    return out
