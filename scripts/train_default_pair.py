@@ -52,10 +52,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from default_pair import stdlib_corpus  # noqa: E402
 from default_pair.recipes import (  # noqa: E402
+    H200_CALL_S,
     RECIPES,
     apply_drafter_settings,
     estimate_minutes,
     estimate_package_bytes,
+    format_calls,
+    simulate_calls,
 )
 from default_pair.stages import STAGES, Context  # noqa: E402
 
@@ -74,7 +77,26 @@ def print_plan(recipe, args) -> int:
     total = sum(m for _, _, m in plan)
     left = sum(m for n, _, m in plan if not all(done.get(s, {}).get("done") for s in n.split("+")))
     print(f"  {'total':<19} {total:5.1f}        ({left:.1f} left in {args.work_dir})")
-    if args.max_minutes > 0:
+    if args.device == "cuda":
+        # tools/h200.sh pair: calls of CALL_SECONDS (555 s), build in the first, by the script's
+        # own rules (stages resume across calls; a head does not start with < 90 s left and
+        # pays its load + compile again when cut)
+        items = []
+        for name, _, minutes in plan:
+            if all(done.get(s, {}).get("done") for s in name.split("+")):
+                continue
+            rule = "head" if name in ("peagle", "eagle3") else "split"
+            items.append((name, minutes * 60, rule))
+        calls = simulate_calls(items)
+        for line in format_calls(calls):
+            print("  " + line)
+        run_s = sum(x for c in calls for _, x in c)
+        print(
+            f"tools/h200.sh pair: ~{run_s / 60:.1f} H200 minutes of run time in {len(calls)} "
+            f"call(s) of <= {H200_CALL_S / 60:.2f} min (build and per-call start-up included; "
+            "the machine's ~3-minute start not included)"
+        )
+    elif args.max_minutes > 0:
         calls = max(1, math.ceil(left / args.max_minutes))
         print(
             f"chunks of --max-minutes {args.max_minutes:g}: about {calls} call(s) "

@@ -186,6 +186,52 @@ def test_tune_run_measures_first(tmp_path, capsys):
     assert "best K for P-EAGLE:  K=1" in capsys.readouterr().out
 
 
+def _fake_pair(root, record: dict, rows: list[dict] | None = None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pair.json").write_text(json.dumps(record))
+    if rows is not None:
+        (root / "eval_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_e2e_prompts_of_a_v3_record_are_its_shipped_evaluation_prompts(tmp_path, monkeypatch):
+    """A v3 pair.json has no corpus.held_out_modules: bench e2e takes the evaluation split's
+    prompts the pair ships (pair.json eval_prompts), in order; a v2 record still rebuilds its
+    stdlib prompts; a record with neither is a clear error."""
+    from peagle.bench.prompts import held_out_prompts
+    from peagle.errors import UserError
+
+    v2_info = default_models.info()
+    v2_ids, v2_meta = e2e._prompts(3)  # the shipped (v2) pair: stdlib modules
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
+    ref = held_out_prompts(tok, 3, v2_info["corpus"]["held_out_modules"], prompt_tokens=96,
+                           new_tokens=int(v2_info["eval"]["max_new_tokens"]))  # fmt: skip
+    assert v2_ids == [p["token_ids"] for p in ref]
+    assert v2_meta["held_out_modules"] == v2_info["corpus"]["held_out_modules"]
+
+    rows = [{"token_ids": [i, i + 1, i + 2], "prompt": "x", "unit": "pkg", "path": "p.py"}
+            for i in range(3)]  # fmt: skip
+    v3 = {
+        "recipe": "gpu-v3",
+        "corpus": {"evaluation": {"distribution_list": ["pathspec==0.12.1", "yarl==1.9"]}},
+        "eval_prompts": {"file": "eval_prompts.jsonl", "split": "evaluation", "prompts": 3,
+                         "prompt_tokens": 3},
+    }  # fmt: skip
+    _fake_pair(tmp_path / "v3", v3, rows)
+    monkeypatch.setattr(default_models, "ROOT", tmp_path / "v3")
+    ids, meta = e2e._prompts(2)
+    assert ids == [[0, 1, 2], [1, 2, 3]]
+    assert meta["source"] == "eval_prompts.jsonl" and meta["split"] == "evaluation"
+    assert meta["held_out_distributions"] == ["pathspec==0.12.1", "yarl==1.9"]
+    with pytest.raises(UserError, match="ships 3 held-out evaluation prompts"):
+        e2e._prompts(4)
+    _fake_pair(tmp_path / "none", {"recipe": "x", "corpus": {}})
+    monkeypatch.setattr(default_models, "ROOT", tmp_path / "none")
+    with pytest.raises(UserError, match="names no held-out prompts"):
+        e2e._prompts(1)
+
+
 def test_run_config_through_the_graph_layout():
     """cuda_graphs="emulate" runs the CUDA-graph static-buffer path eagerly (capture_all
     included): same greedy tokens as the plain eager loop."""

@@ -211,12 +211,17 @@ def test_v3_dry_run_plan_fits_one_reservation(tmp_path, capsys):
     stages = {}
     for line in out.splitlines():
         parts = line.split()
-        if line.startswith("  ") and len(parts) > 1 and parts[0] != "total":
+        if line.startswith("  ") and len(parts) > 1 and parts[0] not in ("total", "call"):
             stages[parts[0]] = float(parts[1])
     assert {"target", "regen", "peagle", "eagle3", "measure"} <= set(stages)
     assert all(m < 9.5 for m in stages.values()), stages
     total = float(out.split("  total")[1].split()[0])
     assert total <= 28.0  # three calls of 9.5 min, start-ups included
+    # the simulated tools/h200.sh calls (build, start-ups, resumes): 3, with room for the
+    # machine's ~3-minute start in a 30-minute reservation
+    calls = [float(x.split()[2]) for x in out.splitlines() if x.startswith("  call ")]
+    assert len(calls) == 3 and all(c < 9.5 for c in calls), out
+    assert float(out.split("tools/h200.sh pair: ~")[1].split()[0]) <= 26.0
     r = RECIPES["gpu"]
     assert r is RECIPES["gpu-v3"] and r.target.num_layers >= 24 and r.target.head_dim in (64, 128)
     assert r.peagle.num_layers == 4 and r.eagle3.num_layers == 1
@@ -300,6 +305,18 @@ def test_v3_tiny_end_to_end_writes_a_loadable_pair_and_a_bundle(
         {"evaluation", "humaneval"} if have_he else {"evaluation"}
     )
     assert info["drafters"]["peagle"]["settings"]["max_anchors"] == 4
+    # the evaluation prompts ship with the pair, and bench e2e finds them from the v3 record
+    assert info["eval_prompts"]["file"] == "eval_prompts.jsonl" and "held_out_modules" not in corpus
+    shipped = (pkg / "eval_prompts.jsonl").read_text()
+    assert shipped == (work / "eval_prompts.jsonl").read_text()
+    from peagle import default_models
+    from peagle.bench import e2e
+
+    with monkeypatch.context() as m:
+        m.setattr(default_models, "ROOT", pkg)
+        ids, meta = e2e._prompts(2)
+    assert ids == [json.loads(x)["token_ids"] for x in shipped.splitlines()[:2]]
+    assert meta["held_out_distributions"] == corpus["evaluation"]["distribution_list"]
     # the tokenizer saw training-split files only
     trained_on = set((work / "tokenizer_trained_on.sha256").read_text().split())
     held = {r["sha256"] for s in ("validation", "evaluation") for r in _read(work, s)}
@@ -359,8 +376,11 @@ def test_tokenizer_texts_are_training_files_in_hash_order():
     assert len(stages_v3.tokenizer_texts(docs, 0)) == 5
 
 
-def _res(al7: float, al3: float = 1.5) -> dict:
-    return {"validation": {"3": {"acceptance_length": al3}, "7": {"acceptance_length": al7}}}
+def _res(al7: float, al3: float = 1.5, per_prompt: list | None = None) -> dict:
+    out = {"validation": {"3": {"acceptance_length": al3}, "7": {"acceptance_length": al7}}}
+    if per_prompt is not None:
+        out["validation"]["7"]["per_prompt"] = per_prompt
+    return out
 
 
 def test_ablation_pick_uses_validation_al_and_a_noise_guard():
@@ -368,21 +388,88 @@ def test_ablation_pick_uses_validation_al_and_a_noise_guard():
 
     results = {
         "peagle-base": _res(2.00),
-        "peagle-anchors-64": _res(2.10),
-        "peagle-anchors-16": _res(2.30),  # the best of its switch
+        "peagle-anchors-16": _res(2.30),  # clearly better: taken
         "peagle-frozen-lm-head": _res(2.01),  # within the noise guard: not taken
-        "peagle-cod-0.5-0.1": _res(1.90),  # worse than the baseline
-        "peagle-k12": _res(2.50, al3=1.0),  # picked at K=7, whatever K=3 says
+        "peagle-cod-0.8-0.3": _res(1.90),  # worse than the baseline
+        "peagle-k7": _res(2.50, al3=1.0),  # picked at K=7, whatever K=3 says
         "eagle3-no-prompt-loss": _res(3.0),  # no eagle3 baseline: nothing chosen for eagle3
     }
     got = ab.pick(results, 7, 0.02)
-    assert got == {"peagle": {"max_anchors": 16, "k": 12}}
+    assert got == {"peagle": {"max_anchors": 16, "k": 7}}
     assert ab.pick(results, 3, 0.02)["peagle"] == {}  # at K=3 nothing beats 1.5 by 0.02
     names = [v.name for v in ab.VARIANTS]
     assert names[0] == "peagle-base" and len(names) == len(set(names))
-    groups = {v.group for v in ab.VARIANTS}
+    groups = {v.group for v in ab.VARIANTS if v.method == "peagle"}
     assert {"max_anchors", "exclude_prompt_loss", "norm_before_residual", "freeze_lm_head",
             "cod", "k"} <= groups  # fmt: skip
+    assert {v.group for v in ab.VARIANTS if v.method == "eagle3"} == {
+        "base",
+        "exclude_prompt_loss",
+        "norm_before_residual",
+        "freeze_lm_head",
+    }
+
+
+def test_ablation_noise_guard_is_a_paired_bootstrap_over_prompts():
+    import ablate_default_pair as ab
+
+    base_pp = [[10, 10]] * 8  # AL 2.0 on every prompt
+    # +0.1 AL from one prompt's windfall: a large standard error, not taken
+    noisy = [[10, 10]] * 7 + [[10, 18]]
+    # +0.1 AL on every prompt alike: no spread, taken
+    steady = [[10, 11]] * 8
+    results = {
+        "peagle-base": _res(ab._al(base_pp, range(8)), per_prompt=base_pp),
+        "peagle-anchors-16": _res(ab._al(noisy, range(8)), per_prompt=noisy),
+        "peagle-no-prompt-loss": _res(ab._al(steady, range(8)), per_prompt=steady),
+    }
+    se_noisy = ab.gain_se(results["peagle-base"], results["peagle-anchors-16"], 7)
+    se_steady = ab.gain_se(results["peagle-base"], results["peagle-no-prompt-loss"], 7)
+    assert se_noisy > 0.05 and se_steady < 1e-9
+    assert ab.pick(results, 7, 0.02) == {"peagle": {"exclude_prompt_loss": True}}
+
+
+def test_call_simulation_follows_the_scripts_rules():
+    from default_pair import recipes as rc
+
+    deadline = rc.H200_CALL_S - rc.H200_CALL_MARGIN_S
+    first = deadline - rc.CALL_START_S - rc.BUILD_S  # what the first call holds after the build
+    # a resumable stage runs to the deadline and resumes (+ RESUME_S) in the next call
+    calls = rc.simulate_calls([("target", first + 100, "split")])
+    assert [n for n, _ in calls[1]] == ["start", "target"]
+    assert abs(calls[1][1][1] - (100 + rc.RESUME_S)) < 1e-6
+    # a head is cut 15 s before the deadline and pays its load + compile again
+    calls = rc.simulate_calls([("x", first - 200, "split"), ("peagle", 300, "head")])
+    assert abs(calls[0][-1][1] - 185) < 1e-6
+    assert abs(calls[1][1][1] - (115 + rc.DRAFTER_START_S)) < 1e-6
+    # a head does not start with <= 90 s left; a variant starts only when it fits
+    calls = rc.simulate_calls([("x", first - 80, "split"), ("eagle3", 60, "head")])
+    assert [n for n, _ in calls[1]] == ["start", "eagle3"]
+    calls = rc.simulate_calls([("x", first - 100, "split"), ("v1", 90, "variant")])
+    assert [n for n, _ in calls[1]] == ["start", "v1"]
+    assert abs(calls[1][1][1] - (90 + rc.DRAFTER_COMPILE_S)) < 1e-6  # the call's first compiles
+    calls = rc.simulate_calls([("v1", 60, "variant"), ("v2", 60, "variant")])
+    assert len(calls) == 1 and abs(calls[0][3][1] - 60) < 1e-6  # v2: compiled already
+    assert rc.format_calls(calls)[0].startswith("call 1: ")
+
+
+def test_ablation_dry_run_fits_one_reservation(capsys):
+    """The whole ablation -- build, corpus, target, regeneration, 11 variants, their validation
+    measurement -- in <= 3 H200 calls of < 9.5 min and <= 24 min in all, by the plan's estimates."""
+    import ablate_default_pair as ab
+
+    assert ab.main(["--device", "cuda", "--work-dir", "/nonexistent/ablate", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    calls = [float(x.split()[2]) for x in out.splitlines() if x.startswith("call ")]
+    assert 1 <= len(calls) <= 3 and all(c < 9.5 for c in calls), out
+    total = float(out.split("total: ")[1].split()[0])
+    assert total <= 24.0 and abs(total - sum(calls)) < 0.1 * len(calls) + 0.05, out
+    plan_calls, _ = ab.plan(RECIPES["gpu-v3-ablate"], ab.VARIANTS, 0.75, [3, 5, 7])
+    planned = [n for c in plan_calls for n, _ in c]
+    assert all(v.name in planned for v in ab.VARIANTS)  # every variant is planned once
+    assert planned.count("build") == 1 and planned.count("target") >= 1
+    # more variants than fit make --dry-run say so (exit 2)
+    assert ab.main(["--work-dir", "/x", "--dry-run", "--variant-minutes", "3"]) == 2
 
 
 def test_ablation_driver_runs_variants_and_writes_the_choice(
@@ -425,3 +512,49 @@ def test_ablation_driver_runs_variants_and_writes_the_choice(
     before = (work / "log.txt").read_text()
     assert ab.main(argv) == 0
     assert "variant peagle-base:" not in (work / "log.txt").read_text()[len(before) :]
+
+
+def test_ablation_driver_resumes_across_calls_with_a_deadline(
+    fake_install, small_held_out, monkeypatch, tmp_path
+):
+    """Calls with almost no time each make progress (a stage, or one variant in a call that did
+    nothing else) and exit 75 until the table is complete; variants train with the budget counted
+    after their first step."""
+    import ablate_default_pair as ab
+
+    recipe = replace(
+        TINY,
+        name="tiny-v3-ablate",
+        humaneval=False,
+        eval_prompts=0,
+        target_train=replace(TINY.target_train, steps=3),
+    )
+    monkeypatch.setitem(RECIPES, recipe.name, recipe)
+    monkeypatch.setattr(report, "DOCS_DIR", tmp_path / "docs")
+    work = tmp_path / "ablate"
+    argv = [
+        "--recipe", recipe.name, "--work-dir", str(work), "--threads", "1",
+        "--corpus-path", str(fake_install["site"]), "--stdlib-root", str(fake_install["stdlib"]),
+        "--variants", "peagle-base", "eagle3-base", "eagle3-no-prompt-loss",
+        "--ks", "1", "3", "--pick-k", "3", "--variant-minutes", "5", "--max-minutes", "1e-4",
+    ]  # fmt: skip
+    codes = []
+    while not codes or codes[-1] == 75:
+        codes.append(ab.main(argv))
+        assert len(codes) < 30, codes
+    assert codes[-1] == 0 and codes.count(75) >= 4, codes  # 4 shared stages + variants
+    table = json.loads((work / "ablation.json").read_text())
+    assert set(table["results"]) == {"peagle-base", "eagle3-base", "eagle3-no-prompt-loss"}
+    st = torch.load(
+        work / "ablate" / "eagle3-no-prompt-loss" / "train_state.pt", weights_only=False
+    )
+    assert st["train_config"]["time_budget_excludes_startup"] is True
+    assert st["train_config"]["prompt_len_field"] == "prompt_len"
+    assert "time limit:" in (work / "log.txt").read_text()
+    md = (work / "ablation.md").read_text()
+    assert "| eagle3-no-prompt-loss |" in md and "±" in md
+    # the final recipe (tools/h200.sh pair --drafter-settings choice.json) takes the choice
+    choice = work / "choice.json"
+    assert set(json.loads(choice.read_text())) == {"peagle", "eagle3"}
+    dry = ["--device", "cuda", "--work-dir", str(tmp_path / "pair"), "--dry-run"]
+    assert script.main([*dry, "--drafter-settings", str(choice)]) == 0

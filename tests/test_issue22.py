@@ -274,6 +274,42 @@ def test_item7_time_budget_holds_with_slowing_steps(train_target, tmp_path, monk
     assert done[0] < 150
 
 
+@pytest.mark.parametrize("excludes", [False, True])
+def test_time_budget_can_exclude_the_first_steps_compile(
+    train_target, tmp_path, monkeypatch, excludes
+):
+    """A first step of 60 s (loading + compile) then 1 s steps, a 100 s budget: counted from the
+    start ~40 steps fit; with ``time_budget_excludes_startup`` ~100 steps after the first (the
+    ablation's variants then train equally long whichever one compiled)."""
+    import peagle.train.trainer as trainer_mod
+
+    target, data = train_target
+    now = [0.0]
+    cfg = trainer_mod.TrainConfig(
+        target=str(target), data=[str(data)], data_glob="*.py", output=str(tmp_path / "b"),
+        method="eagle3", num_layers=1, num_depths=2, seq_len=40, steps=100000,
+        warmup_steps=1, save_every=10**6, log_every=10**6, time_budget_s=100.0,
+        time_budget_excludes_startup=excludes, device="cpu", progress=False,
+    )  # fmt: skip
+    tr = trainer_mod.Trainer(cfg, log=lambda _: None, clock=lambda: now[0])
+    real_step = tr.train_step
+    done = [0]
+
+    def step():
+        out = real_step()
+        now[0] += 60.0 if done[0] == 0 else 1.0
+        done[0] += 1
+        return out
+
+    monkeypatch.setattr(tr, "train_step", step)
+    assert tr.run()["finished"]
+    after_first = done[0] - 1
+    if excludes:
+        assert 97 <= after_first <= 101 and 157 <= now[0] <= 161, (done[0], now[0])
+    else:
+        assert 37 <= after_first <= 41 and now[0] <= 101, (done[0], now[0])
+
+
 def test_item8_no_progress_prints_loss_lines(train_target, capsys, tmp_path):
     target, data = train_target
     argv = _train_argv(target, data, tmp_path / "log", "--steps", "4", "--log-every", "2")

@@ -17,9 +17,12 @@
 #                           exit 75 = call again (the machine must stay warm: the work dir lives
 #                           on it), 0 = done: the pair and its records are in $OUT (<= 8 files
 #                           of <= 16 MiB; unpack with scripts/default_pair/bundle.py unpack)
-#   ablate [args]           the head ablation (scripts/ablate_default_pair.py) in build/ablate;
-#                           ABLATE_LANES=N runs the variants on N GPUs at once; the table and
-#                           choice.json are copied to $OUT; exit 75 = call again
+#   ablate [args]           the head ablation (scripts/ablate_default_pair.py) in build/ablate:
+#                           one reservation, target and data included (3 calls by its --dry-run;
+#                           the first builds, then SKIP_BUILD=1), each call stopping in time for
+#                           the 9.5-minute limit; ABLATE_LANES=N runs the variants on N GPUs at
+#                           once; ablation.md/.json and choice.json (rewritten after every
+#                           variant) are copied to $OUT; exit 75 = call again
 #   flashinfer [families]   FlashInfer (the carried copy in .deps/flashinfer, tools/flashinfer_carry.py)
 #                           as the peer: installs it into /tmp/fi-site (no network), loads its
 #                           modules (AOT) or JIT-builds the missing ones (FI_JIT_SECONDS, default
@@ -163,7 +166,9 @@ run_ablate() {
       > "$OUT/ablate.log" 2>&1 || rc=$?
   fi
   for f in ablation.md ablation.json choice.json; do [ -f "$w/$f" ] && cp "$w/$f" "$OUT/"; done
-  echo "ablate: rc=$rc"; grep -E "ablate:|target: done|regen:|corpus v3" "$OUT/ablate.log" | tail -40
+  echo "ablate: rc=$rc"
+  grep -E "ablate:|target: done|target: [0-9]+ ms/step|regen: (budget|[0-9]+ seq)|corpus v3|time budget|^finished|train: the stream" \
+    "$OUT/ablate.log" | tail -40
   return $rc
 }
 t_start=$(date +%s)

@@ -21,6 +21,7 @@ def acceptance_lengths(
     should_stop=None,
     on_result=None,
     prompt_ids: list[list[int]] | None = None,
+    per_prompt: bool = False,
 ) -> dict | None:
     """``{K: {"acceptance_length", "per_position_acceptance", "tokens"}}`` over all prompts.
 
@@ -32,6 +33,8 @@ def acceptance_lengths(
     said stop with Ks left (at least one K is measured per call).
 
     ``prompt_ids`` (v3): the prompts as token ids, used instead of tokenizing ``prompts``.
+    ``per_prompt``: each result also holds ``"per_prompt": [[spec steps, accepted drafts], ...]``
+    in prompt order (the ablation's paired noise estimate).
     """
     from transformers import AutoTokenizer
 
@@ -83,6 +86,10 @@ def acceptance_lengths(
             "spec_steps": steps,
             "tokens": sum(len(o.token_ids) for o in outs),
         }
+        if per_prompt:
+            results[k]["per_prompt"] = [
+                [o.stats.num_spec_steps, o.stats.num_accepted_tokens] for o in outs
+            ]
         if on_result is not None:
             on_result(k, results[k])
     return {k: results[k] for k in ks}

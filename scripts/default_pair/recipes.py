@@ -23,6 +23,9 @@ class DrafterRecipe:
     # peagle train --time-budget: `steps` becomes a cap and the run is sized to end within this
     # many minutes (loading and compiling included); 0 = exactly `steps`
     budget_minutes: float = 0.0
+    # the budget counts from the end of the first step (--time-budget-excludes-startup): the
+    # ablation's variants, of which the first in each call compiles FlexAttention, train equally
+    budget_excludes_startup: bool = False
     # v3 ablation switches (peagle train flags; the defaults are v2's behaviour)
     max_anchors: int = 0  # --max-anchors: chains starting per sequence (0 = no cap)
     exclude_prompt_loss: bool = False  # --prompt-len-field prompt_len (regenerated data)
@@ -56,6 +59,9 @@ class Recipe:
     # "site": every installed Python source, held-out distributions by rule (site_corpus.py)
     corpus: str = "stdlib"
     tokenizer_max_bytes: int = 0  # BPE trained on at most this much training text (0 = all)
+    # the training token stream: training-split files in content-hash order up to this many
+    # bytes (0 = all; the ablation's reduced scale: the target and regeneration see a subset)
+    train_max_bytes: int = 0
     humaneval: bool = False  # also measure on the 164 HumanEval prompts
     humaneval_prompts: int = 0  # the first N of them (0 = all; tests)
     validation_prompts: int = 0  # prompts from the validation split (the ablation's metric)
@@ -165,9 +171,12 @@ RECIPES["gpu-v3"] = Recipe(
         max_epochs=2.0,
         budget_minutes=7.0,
     ),
-    # equal budgets: the comparison of the two heads is at equal training time
-    peagle=DrafterRecipe(num_layers=4, budget_minutes=6.0, **_V3_HEAD),
-    eagle3=DrafterRecipe(num_layers=1, budget_minutes=6.0, **_V3_HEAD),
+    # equal budgets: the comparison of the two heads is at equal training time; 5 minutes each
+    # so that the whole run fits 3 calls of tools/h200.sh (its --dry-run simulates the calls:
+    # with 6 a head is cut at a call's end, pays its load + compile again, and the run needs a
+    # 4th call, ~28 min + the machine's start: over one 30-minute reservation)
+    peagle=DrafterRecipe(num_layers=4, budget_minutes=5.0, **_V3_HEAD),
+    eagle3=DrafterRecipe(num_layers=1, budget_minutes=5.0, **_V3_HEAD),
     draft_vocab_size=1024,
     eval_prompts=96,
     eval_prompt_tokens=96,
@@ -187,15 +196,21 @@ RECIPES["gpu-v3"] = Recipe(
     measure_batch=64,
 )
 RECIPES["gpu"] = RECIPES["gpu-v3"]  # --device cuda's recipe
-# The ablation's reduced scale (scripts/ablate_default_pair.py, separate reservations): the same
-# corpus and shapes, a shorter target and regeneration; each variant head trains for its own
-# short budget and is scored by validation acceptance.
+# The ablation's reduced scale (scripts/ablate_default_pair.py; one H200 reservation, every
+# stage of it included, in <= 3 calls of < 9.5 min: its --dry-run prints the plan): the same
+# corpus split, tokenizer and shapes; the target trains for 2.5 minutes on a 128 MB subset of the
+# training split (hash order; ~0.6 epochs of it), 0.5 minutes of regeneration (~7 M tokens by the
+# estimate, more than any variant reads in its budget); each variant head trains for the same
+# time after its first step and is scored by validation acceptance only.
 RECIPES["gpu-v3-ablate"] = replace(
     RECIPES["gpu-v3"],
     name="gpu-v3-ablate",
-    target_train=replace(RECIPES["gpu-v3"].target_train, budget_minutes=4.0, max_epochs=1.0),
-    regen_prompts=100000,
-    regen_budget_minutes=1.5,
+    train_max_bytes=128 * 10**6,
+    target_train=replace(
+        RECIPES["gpu-v3"].target_train, budget_minutes=2.5, max_epochs=1.0, warmup=100
+    ),
+    regen_prompts=50000,
+    regen_budget_minutes=0.5,
     humaneval=False,
     eval_prompts=0,
 )
@@ -274,6 +289,20 @@ TARGET_V1_LAYER_PARAMS = 6 * (196_608 + 3 * 256 * 448)
 HF_DECODE_LAYER_S = 0.0020  # per layer of one cached forward at batch 8192 (6 layers, 256: 1.3 ms)
 DRAFTER_TOKENS_PER_S = {"peagle": 51e3 * 3 / 4, "eagle3": 25e3}  # v2's, peagle scaled to 4 layers
 TARGET_EXPORT_S = 25.0  # final train/validation loss (256 windows each) + bf16 export
+# The ablation's plan (scripts/ablate_default_pair.py --dry-run), per H200 call of tools/h200.sh:
+H200_CALL_S = 555.0  # CALL_SECONDS of tools/h200.sh: a call's wall time, build included
+H200_CALL_MARGIN_S = 25.0  # tools/h200.sh call_minutes(): the script's deadline is this earlier
+BUILD_S = 45.0  # measured: peagle's CUDA build on the H200 (README: 40 s; the first call only)
+CALL_START_S = 15.0  # estimate: Python, torch/transformers imports and CUDA init, every call
+DRAFTER_COMPILE_S = 45.0  # estimate: the first variant of a call compiles FlexAttention fwd/bwd
+VARIANT_LOAD_S = 8.0  # estimate: peagle train loads the target + data (data: 2.4 s on the CPU)
+VARIANT_SAVE_S = 3.0  # estimate: the final checkpoint + state of a head
+MEASURE_LOAD_S = 4.0  # estimate: the pair loaded by the measurement of one variant
+ENGINE_STEP_S_V3 = 0.030  # estimate: one SpecDecoder step, 24-layer target, batch 64, no graphs
+EAGLE3_DRAFT_PASS_S = 0.002  # estimate: each serial EAGLE-3 drafting pass inside a step
+TRAIN_SHARE = 0.82  # of the corpus bytes that end in the training stream (assumed, with margin)
+HELD_OUT_MB = 8.0  # validation + evaluation splits (the dev machine's venv: 2.2 + 3.3 MB)
+BYTES_PER_TOKEN = 3.0  # the 2048-token BPE on Python source (v2: 3.08)
 
 
 def target_params(r: Recipe) -> int:
@@ -356,12 +385,16 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
     t, tt = r.target, r.target_train
     corpus_mb = SITE_CORPUS_BYTES / 1e6
     bpe_mb = min(corpus_mb, r.tokenizer_max_bytes / 1e6) if r.tokenizer_max_bytes else corpus_mb
-    cpu_s = SITE_CORPUS_S + bpe_mb / BPE_MB_PER_S + corpus_mb / ENCODE_MB_PER_S
+    train_mb = corpus_mb * TRAIN_SHARE
+    if r.train_max_bytes:
+        train_mb = min(train_mb, r.train_max_bytes / 1e6)
+    encode_mb = train_mb + HELD_OUT_MB
+    cpu_s = SITE_CORPUS_S + bpe_mb / BPE_MB_PER_S + encode_mb / ENCODE_MB_PER_S
     plan = [
         (
             "tokenizer+tokenize",
             f"corpus v3 (~{corpus_mb:.0f} MB of .py, split by distribution), BPE on "
-            f"{bpe_mb:.0f} MB of the training split, token streams (CPU)",
+            f"{bpe_mb:.0f} MB of the training split, token streams of {encode_mb:.0f} MB (CPU)",
             cpu_s / 60,
         )
     ]
@@ -370,7 +403,7 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
         t.intermediate_size,
     )  # fmt: skip
     rate = TARGET_TOKENS_PER_S_V1 * TARGET_V1_LAYER_PARAMS / layer_params
-    train_tokens = SITE_CORPUS_BYTES * 0.82 / 3.0  # ~82 % of the bytes train, ~3 bytes/token
+    train_tokens = train_mb * 1e6 / BYTES_PER_TOKEN
     cap = planned_steps(tt, int(train_tokens)) * tt.batch_size * tt.seq_len
     fit = tt.budget_minutes * 60 * rate if tt.budget_minutes > 0 else cap
     tokens = min(cap, fit)
@@ -430,3 +463,87 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
     )
     plan.append(("report", "docs/default-model-pair-<recipe>.md", 0.05))
     return plan
+
+
+# -- H200 calls (the --dry-run plans) ---------------------------------------------------------
+RESUME_S = 10.0  # estimate: a resumed target / regeneration / measurement reloads its state
+DRAFTER_MIN_START_S = 90.0  # stages.py: a head does not start later in a call with less left
+
+
+def simulate_calls(
+    items: list[tuple[str, float, str]],
+    call_s: float = H200_CALL_S,
+    build_s: float = BUILD_S,
+    compile_s: float = DRAFTER_COMPILE_S,
+) -> list[list[tuple[str, float]]]:
+    """The H200 calls of a ``tools/h200.sh`` mode as lists of ``(item, seconds)``, by the
+    scripts' own rules: each call pays ``CALL_START_S`` (the first also the build) and its
+    script stops ``H200_CALL_MARGIN_S`` before ``call_s``; ``items`` are ``(name, seconds,
+    rule)``, rule ``"split"`` (runs to the deadline and resumes next call, + ``RESUME_S``),
+    ``"head"`` (a drafter stage: not started with <= ``DRAFTER_MIN_START_S`` left unless first in
+    its call; cut by ``--time-limit`` 15 s before the deadline, resumed with its load + compile
+    again) or ``"variant"`` (an ablation variant: started only when it fits, unless first in its
+    call; the first variant of a call adds ``compile_s``). A call in which nothing fits still
+    makes progress with its first item."""
+    deadline = call_s - H200_CALL_MARGIN_S
+    calls: list[list[tuple[str, float]]] = [[("start", CALL_START_S), ("build", build_s)]]
+    t = CALL_START_S + build_s
+    did = False  # anything but start/build in this call
+    compiled = False  # a variant compiled in this call
+
+    def new_call() -> None:
+        nonlocal t, did, compiled
+        calls.append([("start", CALL_START_S)])
+        t, did, compiled = CALL_START_S, False, False
+
+    for name, seconds, rule in items:
+        left = seconds
+        while left > 1e-9:
+            room = deadline - t
+            if rule == "variant":
+                need = left + (0.0 if compiled else compile_s)
+                if did and need > room:
+                    new_call()
+                    continue
+                calls[-1].append((name, need))
+                t += need
+                compiled = did = True
+                left = 0.0
+            elif rule == "head":
+                if did and room <= DRAFTER_MIN_START_S:
+                    new_call()
+                    continue
+                part = min(left, max(1.0, room - 15.0))
+                calls[-1].append((name, part))
+                t += part
+                did = True
+                left -= part
+                if left > 1e-9:
+                    new_call()
+                    left += DRAFTER_START_S
+            else:
+                if did and room <= 0:
+                    new_call()
+                    continue
+                part = min(left, max(1.0, room))
+                calls[-1].append((name, part))
+                t += part
+                did = True
+                left -= part
+                if left > 1e-9:
+                    new_call()
+                    left += RESUME_S
+        if t > deadline:  # the scripts stop between stages once past the deadline
+            new_call()
+    if len(calls[-1]) == 1 and len(calls) > 1:  # a trailing call with nothing in it
+        calls.pop()
+    return calls
+
+
+def format_calls(calls: list[list[tuple[str, float]]]) -> list[str]:
+    """One line per call: its estimated minutes and what runs in it (repeats merged)."""
+    out = []
+    for i, c in enumerate(calls, 1):
+        names = list(dict.fromkeys(n for n, _ in c))
+        out.append(f"call {i}: {sum(s for _, s in c) / 60:4.1f} min  {' + '.join(names)}")
+    return out

@@ -223,6 +223,8 @@ def _switch_flags(r: DrafterRecipe, recipe: Recipe) -> list[str]:
     """The v3 ablation switches and settings as ``peagle train`` flags (none at their defaults,
     so a v2 recipe's command line is unchanged)."""
     out = []
+    if r.budget_excludes_startup:
+        out.append("--time-budget-excludes-startup")
     if r.warmup_steps != 50:
         out += ["--warmup-steps", str(r.warmup_steps)]
     if r.max_anchors > 0:
@@ -349,6 +351,10 @@ def stage_package(ctx: Context) -> bool:
         if big:
             raise SystemExit(f"files over {ctx.recipe.max_shard_bytes} bytes: {big}")
     ctx.info["package_bytes"] = sizes
+    if _v3(ctx):
+        from default_pair import stages_v3
+
+        stages_v3.package_eval_prompts(ctx)
     _write_pair_json(ctx)
     return True
 

@@ -44,6 +44,21 @@ def tokenizer_texts(docs: list[site_corpus.SourceFile], max_bytes: int) -> list[
     return out
 
 
+def capped_docs(docs: list[dict], max_bytes: int) -> list[dict]:
+    """The training stream's files under ``Recipe.train_max_bytes``: ``docs`` in content-hash
+    order until ``max_bytes`` of text (0 = all, in their order). Deterministic, spread over
+    distributions, and a superset of the tokenizer's files when ``max_bytes`` >= its cap."""
+    if not max_bytes:
+        return docs
+    out, total = [], 0
+    for d in sorted(docs, key=lambda d: d["sha256"]):
+        if total >= max_bytes:
+            break
+        out.append(d)
+        total += len(d["text"].encode())
+    return out
+
+
 def _write_split(path: Path, docs: list[site_corpus.SourceFile]) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -173,6 +188,11 @@ def stage_tokenize(ctx: Context) -> bool:
     streams = {}
     for s in SPLITS:
         docs = read_split(ctx, s)
+        if s == "train" and r.train_max_bytes:
+            n_all = len(docs)
+            docs = capped_docs(docs, r.train_max_bytes)
+            ctx.info.setdefault("corpus", {}).setdefault(s, {})["stream_files"] = len(docs)
+            ctx.log(f"train: the stream takes {len(docs)} of {n_all} files (train_max_bytes)")
         stream, offsets = _encode(tok, [d["text"] for d in docs], eos)
         torch.save(stream, ctx.work_dir / f"{s}_stream.pt")
         torch.save(offsets, ctx.work_dir / f"{s}_offsets.pt")
@@ -315,6 +335,22 @@ def stage_measure(ctx: Context) -> bool:
     return True
 
 
+EVAL_PROMPTS_FILE = "eval_prompts.jsonl"
+
+
+def package_eval_prompts(ctx: Context) -> None:
+    """Ship the evaluation split's prompts with the pair (``peagle bench e2e`` reads them: the
+    evaluation distributions need not be installed where it runs); ``pair.json`` names the file."""
+    import shutil
+
+    src = ctx.work_dir / "eval_prompts.jsonl"
+    dst = ctx.package_dir / EVAL_PROMPTS_FILE
+    if src.is_file():
+        shutil.copyfile(src, dst)
+    elif dst.exists():
+        dst.unlink()
+
+
 def pair_record(ctx: Context) -> dict:
     """pair.json of a v3 pair."""
     r = ctx.recipe
@@ -335,6 +371,14 @@ def pair_record(ctx: Context) -> dict:
         "mask_token": "<|mask|>",
         "eos_token": EOS_TOKEN,
     }
+    if (ctx.package_dir / EVAL_PROMPTS_FILE).is_file():
+        info["eval_prompts"] = {
+            "file": EVAL_PROMPTS_FILE,
+            "split": "evaluation",
+            "prompts": len(load_prompt_ids(ctx.package_dir / EVAL_PROMPTS_FILE)),
+            "prompt_tokens": r.eval_prompt_tokens,
+            "seed": 1234,
+        }
     res = ctx.info.get("results")
     if res and res.get("sets"):
         info["target"]["evaluation_loss"] = res["target_loss_evaluation"]

@@ -352,19 +352,47 @@ def _load_pair(device, dtype, methods) -> dict:
 
 
 def _prompts(num: int) -> tuple[list[list[int]], dict]:
-    from transformers import AutoTokenizer
-
+    """``num`` held-out prompts of the packaged pair (token ids) and what they are: a v3 pair
+    (``pair.json`` ``eval_prompts``) ships the evaluation split's prompts its recipe measured
+    (the first ``num``); a v1/v2 pair (``corpus.held_out_modules``) rebuilds them from those
+    stdlib modules of the running interpreter."""
     from peagle import default_models
-    from peagle.bench.prompts import held_out_prompts
 
     info = default_models.info()
+    corpus = info.get("corpus", {})
+    if info.get("eval_prompts", {}).get("file"):
+        rows = default_models.eval_prompts()
+        if num > len(rows):
+            raise UserError(
+                "bench e2e",
+                f"--num-prompts {num}: the packaged pair ships {len(rows)} held-out evaluation "
+                f"prompts ({info['eval_prompts']['file']})",
+            )
+        meta = {
+            "source": info["eval_prompts"]["file"],
+            "split": info["eval_prompts"].get("split", "evaluation"),
+            "held_out_distributions": corpus.get("evaluation", {}).get("distribution_list", []),
+            "prompt_tokens": info["eval_prompts"].get("prompt_tokens"),
+            "pair_python_version": info.get("python_version"),
+        }
+        return [list(r["token_ids"]) for r in rows[:num]], meta
+    if "held_out_modules" not in corpus:
+        raise UserError(
+            "bench e2e",
+            "the packaged pair's pair.json names no held-out prompts (neither eval_prompts nor "
+            "corpus.held_out_modules)",
+        )
+    from transformers import AutoTokenizer
+
+    from peagle.bench.prompts import held_out_prompts
+
     tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
     ev = info.get("eval", {})
     prompts = held_out_prompts(
-        tok, num, info["corpus"]["held_out_modules"], prompt_tokens=96,
+        tok, num, corpus["held_out_modules"], prompt_tokens=96,
         new_tokens=int(ev.get("max_new_tokens", 96)),
     )  # fmt: skip
-    meta = {"held_out_modules": info["corpus"]["held_out_modules"], "prompt_tokens": 96,
+    meta = {"held_out_modules": corpus["held_out_modules"], "prompt_tokens": 96,
             "pair_python_version": info.get("python_version")}  # fmt: skip
     return [p["token_ids"] for p in prompts], meta
 

@@ -225,6 +225,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(at most --steps; a resumed run keeps the count its budget ended at; 0 = exactly "
         "--steps)",
     )
+    r.add_argument(
+        "--time-budget-excludes-startup",
+        action="store_true",
+        help="count --time-budget from the end of the first step (loading and the first step's "
+        "compilation excluded): equal training time for runs of which only some compile, e.g. "
+        "ablation variants trained one after another in one process",
+    )
     r.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     r.add_argument(
         "--no-progress",
@@ -364,6 +371,7 @@ def run(args) -> int:
         log_every=args.log_every,
         time_limit_s=args.time_limit,
         time_budget_s=args.time_budget,
+        time_budget_excludes_startup=args.time_budget_excludes_startup,
         seed=args.seed,
         progress=not args.no_progress,
     )

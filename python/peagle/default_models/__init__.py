@@ -41,6 +41,19 @@ def info() -> dict:
     return json.loads(_existing(ROOT / "pair.json").read_text())
 
 
+def eval_prompts() -> list[dict]:
+    """The pair's held-out evaluation prompts as its recipe measured them, for pairs that ship
+    them (recipe v3: ``pair.json`` ``eval_prompts.file``, rows ``{"token_ids", "prompt", "unit",
+    "path"}`` from the evaluation split's distributions, listed in ``pair.json`` ``corpus``).
+    Raises ``FileNotFoundError`` for a pair whose record names none (v1/v2 pairs rebuild theirs
+    from the stdlib modules in ``corpus.held_out_modules``: :mod:`peagle.bench.prompts`)."""
+    rec = info().get("eval_prompts") or {}
+    if not rec.get("file"):
+        raise FileNotFoundError(f"{ROOT / 'pair.json'} names no evaluation prompt file")
+    with open(_existing(ROOT / rec["file"]), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def _existing(path: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(

@@ -97,6 +97,10 @@ class TrainConfig:
     log_every: int = 10
     time_limit_s: float = 0.0
     time_budget_s: float = 0.0  # revise `steps` as steps are timed so training ends within this
+    # the budget counts from the end of the first step (loading and the first step's compilation
+    # excluded): equal training time for runs of which only some pay a compile (an ablation's
+    # variants in one process); False = from the start, loading included
+    time_budget_excludes_startup: bool = False
     seed: int = 0
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -139,6 +143,7 @@ class Trainer:
 
         self._clock = clock  # injectable for tests of the time budget
         self._t_created = clock()  # the time limit counts loading too
+        self._t_budget0 = self._t_created  # the time budget's start (see TrainConfig)
         if cfg.method not in ("peagle", "eagle3"):
             raise ValueError(f"method must be 'peagle' or 'eagle3', got {cfg.method!r}")
         if cfg.method == "eagle3" and cfg.partitions != 1:
@@ -324,7 +329,7 @@ class Trainer:
         cfg = self.cfg
         if not self._budgeting:
             return
-        left = cfg.time_budget_s - (self._clock() - self._t_created) - self._save_s
+        left = cfg.time_budget_s - (self._clock() - self._t_budget0) - self._save_s
         fit = int(left / max(recent_step_s, 1e-9)) if left > 0 else 0
         steps = max(self.step, min(self._max_steps, self.step + fit))
         if announce:
@@ -436,6 +441,8 @@ class Trainer:
             if self.step % cfg.save_every == 0:
                 self.save()
             dur = clock() - t_step  # the step with its logging and saving
+            if steps_now == 0 and cfg.time_budget_excludes_startup:
+                self._t_budget0 = clock()
             if steps_now > 0:
                 step_s = max(step_s, dur)
                 recent = (recent + [dur])[-RATE_WINDOW:]
@@ -458,8 +465,9 @@ class Trainer:
         if finished:
             budget = ""
             if self._budgeting:
-                used = clock() - self._t_created
-                budget = f" in {used:.0f} s of a {cfg.time_budget_s:.0f} s time budget"
+                used = clock() - self._t_budget0
+                since = " after the first step" if cfg.time_budget_excludes_startup else ""
+                budget = f" in {used:.0f} s{since} of a {cfg.time_budget_s:.0f} s time budget"
             self.log(f"finished {self.step} steps{budget}; checkpoint in {self.out}")
         else:
             self.log(f"stopped at step {self.step}/{cfg.steps} (time limit); rerun to resume")
