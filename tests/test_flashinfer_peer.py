@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 import types
 import zipfile
@@ -265,3 +267,35 @@ def test_carry_selection_on_the_real_wheel(tmp_path):
     assert raw < 0.75 * total  # pruned: the closure leaves most of the package behind
     assert raw < 32 * 2**20  # compresses (xz) to well under the carry budget
     assert not any(f.startswith("flashinfer/experimental/b12x/") for f in files)
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("gcc", "strip", "nm")), reason="needs gcc, strip and nm"
+)
+def test_pack_strips_a_module_keeping_its_dynamic_symbols(tmp_path):
+    tool = _carry_tool()
+    src = tmp_path / "m.c"
+    src.write_text(
+        "static int helper(int x) { return x + 1; }\nint exported(int x) { return helper(x); }\n"
+    )
+    so = tmp_path / "m.so"
+    subprocess.run(["gcc", "-g", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    before, after = tool.strip_module(so)
+    assert after < before
+    assert "exported" in tool.dynamic_symbols(so)
+
+
+def test_install_unpacks_the_xz_aot_archive(tmp_path):
+    tool = _carry_tool()
+    carry, root = tmp_path / "carry", tmp_path / "root"
+    rel = "flashinfer/data/aot/m/m.so"
+    _write(root, rel, "not really a module")
+    _write(root, "flashinfer/__init__.py", "")
+    carry.mkdir()
+    tool._tar(carry / "flashinfer-aot.tar.xz", root, [rel], xz=True)
+    tool._tar(carry / "flashinfer-py.tar.xz", root, ["flashinfer/__init__.py"], xz=True)
+    target = tmp_path / "site"
+    tool.main(["install", "--carry", str(carry), "--target", str(target)])
+    assert (target / rel).read_text() == "not really a module"
+    assert os.access(target / rel, os.X_OK)
+    assert (target / "flashinfer/__init__.py").exists()

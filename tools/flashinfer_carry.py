@@ -16,8 +16,11 @@ prefill wrapper fa2/fa3, the decode wrapper with ``q_len_per_req``, XQA and the 
     * ``flashinfer-py.tar.xz``: the Python modules: the import closure of the entry modules
       (module-level imports, transitively) plus the function-level imports of the modules on the
       peers' paths (:data:`CORE`), and the small data files next to them (json);
-    * ``flashinfer-aot.tar``: the built modules as ``flashinfer/data/aot/<name>/<name>.so``,
+    * ``flashinfer-aot.tar.xz``: the built modules as ``flashinfer/data/aot/<name>/<name>.so``,
       FlashInfer's own AOT location (``jit/env.py: get_aot_artifacts``), so no JIT runs there;
+      each stripped of its static symbol table (``strip --strip-unneeded``; the dynamic symbols
+      tvm-ffi loads are checked unchanged with ``nm -D``) and xz-compressed (the fatbins shrink
+      about 2x);
     * ``flashinfer-jit-src.tar.xz``: the sources, templates and every header the builds read
       (from ninja's dependency files), so the JIT can still rebuild a module there;
     * the ``apache-tvm-ffi`` wheel for the H200's Python (3.12), FlashInfer's one import-time
@@ -33,9 +36,10 @@ prefill wrapper fa2/fa3, the decode wrapper with ``q_len_per_req``, XQA and the 
 
 ``deps`` lists, by ``nvcc -M``, the headers of modules not compiled here (``pack`` needs a list
 for every module). ``install`` (used by ``tools/h200.sh flashinfer``) unpacks the three archives
-and the wheel into ``--target`` (put it on PYTHONPATH); ``prebuild`` then loads every module
-(AOT) or JIT-builds the missing ones in one parallel ninja run, timing each. docs/benchmarks.md
-has the H200 commands.
+(``flashinfer-aot.tar`` too, the uncompressed form older carries have) and the wheel into
+``--target`` (put it on PYTHONPATH); ``prebuild`` then loads every module (AOT) or JIT-builds
+the missing ones in one parallel ninja run, timing each. docs/benchmarks.md has the H200
+commands.
 """
 
 from __future__ import annotations
@@ -84,7 +88,10 @@ CORE = [
     "flashinfer.jit.topk",
 ]
 DATA_SUFFIXES = (".json", ".typed")
-SIZE_BUDGET = 24 * 1024 * 1024  # what the carried copy may take of the 64 MiB per run
+# What the carried copy may take of the 64 MiB per run: the repository's tracked files (~19 MB),
+# the rest of .deps (CUTLASS wheel, 6.2 MB) and .ab (~2 MB) take the others, with a margin.
+SIZE_BUDGET = 30 * 1024 * 1024
+AOT_ARCHIVES = ("flashinfer-aot.tar.xz", "flashinfer-aot.tar")  # packed now / older carries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,7 +390,9 @@ def jit_source_files(root: Path, build: dict, deps: dict | None = None) -> list[
         marker = "/flashinfer/data/"
         if marker not in p:
             return
-        rel = Path("flashinfer/data") / p.split(marker, 1)[1]
+        # Normalised: a member such as csrc/xqa/../x.h stops tarfile's extraction (FileExistsError
+        # making csrc/xqa/..) and would duplicate csrc/x.h.
+        rel = Path(os.path.normpath(Path("flashinfer/data") / p.split(marker, 1)[1]))
         if (root / rel).is_file():
             files.add(str(rel))
 
@@ -407,6 +416,26 @@ def jit_source_files(root: Path, build: dict, deps: dict | None = None) -> list[
     for p in (data / "csrc").rglob("*.jinja"):
         files.add(str(Path("flashinfer/data") / p.relative_to(data)))
     return sorted(files)
+
+
+def dynamic_symbols(so: Path) -> list[str]:
+    """The defined dynamic symbols of ``so`` (``nm -D --defined-only``), sorted."""
+    r = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True,
+                       check=True)  # fmt: skip
+    return sorted(line.split()[-1] for line in r.stdout.splitlines() if line.strip())
+
+
+def strip_module(so: Path) -> tuple[int, int]:
+    """Strips ``so`` in place (``strip --strip-unneeded``: the static symbol table and debug
+    sections; the dynamic symbols and the fatbin stay) and checks that its dynamic symbols are
+    unchanged. Returns (bytes before, bytes after)."""
+    before = so.stat().st_size
+    want = dynamic_symbols(so)
+    subprocess.run(["strip", "--strip-unneeded", str(so)], check=True)
+    got = dynamic_symbols(so)
+    if got != want:
+        raise SystemExit(f"{so}: strip changed the dynamic symbols ({len(want)} -> {len(got)})")
+    return before, so.stat().st_size
 
 
 def _tar(out: Path, root: Path, files, xz: bool) -> int:
@@ -438,8 +467,9 @@ def cmd_pack(args) -> None:
     if aot_root.exists():
         shutil.rmtree(aot_root)
     aot = []
-    for entry in build.values():
-        if "so" not in entry:
+    skip = set(args.skip_modules or ())
+    for label, entry in build.items():
+        if "so" not in entry or label in skip:
             continue
         rel = Path("flashinfer/data/aot") / entry["name"] / f"{entry['name']}.so"
         (aot_root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -452,8 +482,18 @@ def cmd_pack(args) -> None:
                     t.extract(m, aot_root, filter="data")
                     aot.append(m.name)
     if aot:
-        sizes["flashinfer-aot.tar"] = _tar(out / "flashinfer-aot.tar", aot_root, aot, xz=False)
-        manifest["files"]["flashinfer-aot.tar"] = {"members": aot}
+        stripped = {}
+        if not args.no_strip:
+            for rel in aot:
+                before, after = strip_module(aot_root / rel)
+                stripped[rel] = {"bytes": before, "stripped_bytes": after}
+        name = AOT_ARCHIVES[0]
+        sizes[name] = _tar(out / name, aot_root, aot, xz=True)
+        manifest["files"][name] = {
+            "members": aot,
+            "raw_bytes": sum((aot_root / f).stat().st_size for f in aot),
+            "strip": stripped,
+        }
     if not args.no_jit_src:
         deps_path = work / "deps.json"
         deps = json.loads(deps_path.read_text()) if deps_path.exists() else {}
@@ -509,7 +549,9 @@ def cmd_prebuild(args) -> None:
     ``--seconds`` at most; ``-k 0``: one failure stops no other module), copy what was built to
     the AOT path of the installed copy (so the benchmarks can run with FLASHINFER_DISABLE_JIT=1)
     and, with ``--export DIR``, into tars of <= 15 MiB that come back in $OUT for ``pack
-    --aot-from``. Prints / writes the time of each step."""
+    --aot-from``. Prints / writes the time of each step. ``--no-jit`` builds nothing: it checks
+    a carry (the AOT modules load through tvm-ffi without a GPU; libcudart.so.13 must be found);
+    ``--only`` limits the modules (labels of :func:`module_specs`) to those a run needs."""
     import flashinfer
     import tvm_ffi
     from flashinfer.jit import env as jit_env
@@ -518,6 +560,9 @@ def cmd_prebuild(args) -> None:
     jit = []
     for label, spec in module_specs(flashinfer):
         entry = report["modules"].setdefault(label, {"name": spec.name})
+        if args.only and not any(o in label for o in args.only):
+            entry["source"] = "skipped"  # not asked for: neither loaded nor built
+            continue
         if spec.is_aot:
             t0 = time.perf_counter()
             try:
@@ -528,6 +573,10 @@ def cmd_prebuild(args) -> None:
                 entry["aot_error"] = f"{type(e).__name__}: {e}"[:500]
         jit.append((label, spec))
     exported = []
+    if jit and args.no_jit:  # a check of the carry (e.g. here, without a GPU): build nothing
+        for label, _ in jit:
+            report["modules"][label]["source"] = "missing"
+        jit = []
     if jit:
         lines = ["ninja_required_version = 1.3"]
         for _, spec in jit:
@@ -612,7 +661,7 @@ def cmd_install(args) -> None:
     carry, target = Path(args.carry), Path(args.target)
     target.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    for name in ("flashinfer-py.tar.xz", "flashinfer-jit-src.tar.xz", "flashinfer-aot.tar"):
+    for name in ("flashinfer-py.tar.xz", "flashinfer-jit-src.tar.xz", *AOT_ARCHIVES):
         p = carry / name
         if p.exists():
             with tarfile.open(p) as t:
@@ -643,11 +692,17 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=".deps/flashinfer")
     p.add_argument("--no-jit-src", action="store_true", help="carry no JIT sources")
     p.add_argument("--aot-from", help="a folder of fi-aot-*.tar from `prebuild --export`")
+    p.add_argument("--no-strip", action="store_true", help="carry the modules unstripped")
+    p.add_argument("--skip-modules", nargs="*", help="built modules (labels) to leave out")
     pb = sub.add_parser("prebuild", help="load / JIT-build the peers' modules (on the H200)")
     pb.add_argument("--out", help="write the timings here (JSON)")
     pb.add_argument("--seconds", type=float, default=480, help="JIT build time limit")
     pb.add_argument("--jobs", type=int, default=0, help="ninja -j (default: all cores)")
     pb.add_argument("--export", help="write the JIT-built modules here as fi-aot-*.tar")
+    pb.add_argument("--only", nargs="*", help="only the modules whose labels contain one of these")
+    pb.add_argument(
+        "--no-jit", action="store_true", help="load the AOT modules, report the missing (no GPU)"
+    )
     i = sub.add_parser("install", help="unpack the carried copy (on the H200)")
     i.add_argument("--carry", default=".deps/flashinfer")
     i.add_argument("--target", default="/tmp/fi-site")

@@ -26,7 +26,8 @@
 #   flashinfer [families]   FlashInfer (the carried copy in .deps/flashinfer, tools/flashinfer_carry.py)
 #                           as the peer: installs it into /tmp/fi-site (no network), loads its
 #                           modules (AOT) or JIT-builds the missing ones (FI_JIT_SECONDS, default
-#                           480; returned as $OUT/fi-aot-*.tar), timed ($OUT/fi-jit.json), then
+#                           480; returned as $OUT/fi-aot-*.tar; FI_MODULES="sampling topk ..."
+#                           limits them), timed ($OUT/fi-jit.json), then
 #                           `peagle bench ops` for verify attention (default) with the FlashInfer
 #                           rows, JIT off; FI_BENCH_ARGS adds arguments (e.g. --no-flex); logs in
 #                           $OUT/logs.tgz
@@ -124,8 +125,11 @@ run_flashinfer() {
   [ -f /usr/local/cuda/include/curand.h ] || [ ! -f "$inc/curand.h" ] || export FLASHINFER_EXTRA_CUDAFLAGS="-isystem $inc"
   # Modules the carry lacks are JIT-built here (all cores, FI_JIT_SECONDS at most) and come back
   # as $OUT/fi-aot-*.tar for `flashinfer_carry.py pack --aot-from`.
+  # FI_MODULES (labels of module_specs, e.g. "sampling topk prefill-fa2 xqa") limits the modules
+  # loaded / built; the benchmarks' other backends then fail fast (recorded), JIT being off.
   python3 tools/flashinfer_carry.py prebuild --seconds ${FI_JIT_SECONDS:-480} --export "$OUT" \
-    --out "$OUT/fi-jit.json" > "$OUT/fi-jit.log" 2>&1; tail -16 "$OUT/fi-jit.log"
+    ${FI_MODULES:+--only $FI_MODULES} --out "$OUT/fi-jit.json" > "$OUT/fi-jit.log" 2>&1
+  tail -16 "$OUT/fi-jit.log"
   echo "flashinfer install + modules: $(( $(date +%s) - t0 )) s"
   export FLASHINFER_DISABLE_JIT=1  # a module still missing fails its backend (recorded), no JIT
   for fam in ${@:-verify attention}; do
