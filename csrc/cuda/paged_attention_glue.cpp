@@ -39,7 +39,11 @@ int device_attr(cudaDeviceAttr attr, c10::DeviceIndex device) {
 // therefore shares its buffer with the stream it was warmed up on: replaying it concurrently with
 // launches on that stream, or with another graph sharing the buffer, is not supported (as for
 // any static buffer of a graph). A buffer that grows is replaced; the old one stays alive (a
-// captured graph may still use it).
+// captured graph may still use it). Counters are keyed by a slice's first (row, head), unique
+// for a valid query_start_loc; a non-monotonic one (invalid: the CPU op and
+// PEAGLE_DEBUG_CHECKS=1 reject it) makes requests share rows and can leave a counter non-zero,
+// which would spoil later cluster-merge calls on that stream (PEAGLE_ATTN_MERGE=kernel has no
+// such state).
 uint32_t* merge_counters(c10::Device device, cudaStream_t stream, int64_t n) {
   // Never destroyed: freeing CUDA memory from static destructors at exit is unsafe.
   static std::mutex* mu = new std::mutex;
