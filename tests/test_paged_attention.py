@@ -673,6 +673,162 @@ def test_cuda_graph_replay_with_new_lengths(gen, cuda_impl):
 
 
 # ---------------------------------------------------------------------------------------------
+# Split merge inside the main kernel (sm_90+): thread-block clusters along the KV splits merge
+# through distributed shared memory; with more splits than one cluster holds, the last cluster to
+# arrive at a row slice (arrival counter, reset by it) merges the clusters' partials. The
+# counters are a persistent zeroed buffer, so repeated calls and graph replays must leave them
+# zeroed. PEAGLE_ATTN_MERGE=kernel keeps the separate merge kernel (the A/B baseline).
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["auto", "kernel"])
+def merge(request, monkeypatch) -> str:
+    """Runs a CUDA test with the cluster merge (default) and with the merge kernel."""
+    if request.param == "auto":
+        monkeypatch.delenv("PEAGLE_ATTN_MERGE", raising=False)
+    else:
+        monkeypatch.setenv("PEAGLE_ATTN_MERGE", request.param)
+    return request.param
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64), (8, 8, 64)])
+@pytest.mark.parametrize("num_splits", [0, 2, 5, 8, 16, 24, 33, 64])
+def test_cuda_merge_many_splits_b1(gen, heads, num_splits, merge):
+    # B = 1 decode at 16k keys: one cluster (<= 8 splits), two levels (16-64 splits), a last
+    # cluster that is partly empty (5, 33), and the automatic plan (0: the benchmarked one).
+    hq, hkv, d = heads
+    pb = make_problem(gen, [14], [16384], hq, hkv, d, 16, torch.bfloat16, "cuda")
+    out, lse = run_op(pb, max_query_len=14, num_splits=num_splits)
+    check_against_reference(pb, out, lse)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64)])
+def test_cuda_merge_ragged_batch(gen, dtype, heads, cuda_impl):
+    # B > 1, ragged: requests needing 1 .. many splits share one grid (clusters of a short
+    # request skip, empty splits of an active cluster take part), a padding request, a window.
+    hq, hkv, d = heads
+    pb = make_problem(gen, [14, 14, 3, 1, 0, 14], [9000, 300, 5000, 16, 5, 2100], hq, hkv, d, 16,
+                      dtype, "cuda", t_pad=3)  # fmt: skip
+    for kw in ({}, {"num_splits": 24}, {"num_splits": 7}, {"window_left": 1500}):
+        out, lse = run_op(pb, max_query_len=14, **kw)
+        check_against_reference(pb, out, lse, **kw)
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [(32, 8, 128), (64, 8, 64)])
+def test_cuda_merge_paths_agree(gen, heads, monkeypatch):
+    # Cluster merge and merge kernel compute the same function (fp32 summation order aside).
+    hq, hkv, d = heads
+    pb = make_problem(gen, [14, 14, 2], [12000, 700, 3000], hq, hkv, d, 16, torch.bfloat16, "cuda")
+    sinks = torch.randn(hq, generator=gen).cuda()
+    for ns in (0, 3, 16, 40):
+        monkeypatch.setenv("PEAGLE_ATTN_MERGE", "kernel")
+        base = run_op(pb, max_query_len=14, num_splits=ns, sinks=sinks)
+        monkeypatch.delenv("PEAGLE_ATTN_MERGE")
+        out, lse = run_op(pb, max_query_len=14, num_splits=ns, sinks=sinks)
+        check_against_reference(pb, out, lse, sinks=sinks)
+        torch.testing.assert_close(out.float(), base[0].float(), rtol=1.6e-2, atol=1.6e-2)
+        torch.testing.assert_close(lse, base[1], rtol=0, atol=1e-4)
+
+
+@requires_cuda
+def test_cuda_merge_repeated_calls_bit_identical(gen, cuda_impl):
+    # The arrival counters are reused by every call: a counter left non-zero would make a later
+    # call merge early (wrong rows) or never (unwritten rows, NaN from the poisoned outputs).
+    pb = make_problem(gen, [14, 5], [16384, 4000], 32, 8, 128, 16, torch.bfloat16, "cuda")
+    for ns in (0, 24, 64):
+        first = run_op(pb, max_query_len=14, num_splits=ns)
+        check_against_reference(pb, *first)
+        for _ in range(4):
+            again = run_op(pb, max_query_len=14, num_splits=ns)
+            assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@requires_cuda
+def test_cuda_merge_two_shapes_back_to_back(gen):
+    # Different shapes (different slice -> counter maps, different cluster counts) alternate on
+    # one stream without a sync in between; each must match its own first result.
+    a = make_problem(gen, [14], [16384], 32, 8, 128, 16, torch.bfloat16, "cuda")
+    b = make_problem(gen, [14, 14, 14], [8000, 100, 12000], 64, 8, 64, 16, torch.bfloat16, "cuda")
+    ref_a, ref_b = run_op(a, max_query_len=14), run_op(b, max_query_len=14)
+    check_against_reference(a, *ref_a)
+    check_against_reference(b, *ref_b)
+    outs = []
+    for _ in range(3):
+        outs.append((run_op(a, max_query_len=14), run_op(b, max_query_len=14, num_splits=40)))
+    ref_b40 = run_op(b, max_query_len=14, num_splits=40)
+    for oa, ob in outs:
+        assert torch.equal(oa[0], ref_a[0]) and torch.equal(oa[1], ref_a[1])
+        assert torch.equal(ob[0], ref_b40[0]) and torch.equal(ob[1], ref_b40[1])
+
+
+@requires_cuda
+def test_cuda_merge_two_streams(gen):
+    # Eager calls on two streams at once: each stream has its own counters.
+    a = make_problem(gen, [14], [16384], 32, 8, 128, 16, torch.bfloat16, "cuda")
+    b = make_problem(gen, [14], [12000], 32, 8, 128, 16, torch.bfloat16, "cuda")
+    ref_a, ref_b = run_op(a, max_query_len=14), run_op(b, max_query_len=14)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    res = []
+    for _ in range(4):
+        for s, pb in zip(streams, (a, b), strict=True):
+            with torch.cuda.stream(s):
+                res.append((pb, run_op(pb, max_query_len=14)))
+    torch.cuda.synchronize()
+    for pb, (out, lse) in res:
+        ref = ref_a if pb is a else ref_b
+        assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_splits", [0, 24])
+def test_cuda_graph_replay_reuses_merge_counters(gen, num_splits, cuda_impl):
+    # Graph replays reuse the counters with no memset node: the second replay (and one with new
+    # lengths and queries) must give the eager answer exactly.
+    b, hq, hkv, d, bs, width = 2, 32, 8, 128, 16, 1024
+    pb = make_problem(gen, [14] * b, [width * bs] * b, hq, hkv, d, bs, torch.bfloat16, "cuda",
+                      max_blocks=width, poison_stale=False)  # fmt: skip
+    static = Problem(pb.query.clone(), pb.key_cache, pb.value_cache, pb.block_table.clone(),
+                     pb.query_start_loc.clone(), pb.seq_lens.clone())  # fmt: skip
+    static.seq_lens.copy_(torch.tensor([16384, 9000], dtype=torch.int32))
+    out = torch.empty_like(pb.query)
+    lse = torch.empty(pb.query.shape[:2], device="cuda")
+
+    def call():
+        peagle.paged_attention(
+            static.query, static.key_cache, static.value_cache, static.block_table,
+            static.query_start_loc, static.seq_lens, max_query_len=14, return_lse=True,
+            out=out, lse=lse, num_splits=num_splits,
+        )  # fmt: skip
+
+    eager = run_op(static, max_query_len=14, num_splits=num_splits)
+    graph = capture_graph(call)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+    check_against_reference(static, out, lse)
+    for kv_lens in ([700, 16384], [16384, 0], [5000, 5000]):
+        static.seq_lens.copy_(torch.tensor(kv_lens, dtype=torch.int32))
+        static.query.copy_(torch.randn(static.query.shape, generator=gen).to(torch.bfloat16))
+        for _ in range(2):
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            check_against_reference(static, out, lse)
+        again = run_op(static, max_query_len=14, num_splits=num_splits)  # eager after replays
+        assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+
+
+# ---------------------------------------------------------------------------------------------
 # Masked keys never affect a row, whatever they hold (SPEC §5, EDGE_CASES X4)
 # ---------------------------------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ from reference.paged_attention import paged_attention_ref  # noqa: E402
 
 MIN_TILES_PER_SPLIT = 2
 MAX_AUTO_SPLITS = 64
+MAX_CLUSTER = 8
+STATS = {"level2_merges": 0}  # slices merged by a last-arriving cluster (all cases)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = -math.inf
@@ -195,7 +197,25 @@ def kernel_cfg(d, block_m, wg, block_n):
                 passes=block_n // rows_per_pass, min_blocks=min_blocks)  # fmt: skip
 
 
-def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90, num_sms=132):
+def cluster_size(splits, max_cluster=MAX_CLUSTER):
+    c = 1
+    while c * 2 <= splits and c * 2 <= max_cluster:
+        c *= 2
+    return c
+
+
+def cluster_splits(active, cluster, base, splits):
+    if active < 1 or cluster < 2:
+        return 0
+    need = -(-splits // cluster)
+    per = active // base if base > 0 else 1
+    return max(1, min(per, need)) * cluster
+
+
+def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90, num_sms=132,
+         merge="auto", active_clusters=None):  # fmt: skip
+    """plan_paged_attention. ``active_clusters(c)``: the device's resident clusters of c CTAs
+    (cudaOccupancyMaxActiveClusters); default: every SM slot usable, SMs x CTAs per SM / c."""
     group = hq // hkv
     block_m = 64 if group <= 4 else 128
     wg = arch == 90 and group >= 4
@@ -218,10 +238,34 @@ def plan(b, hq, hkv, d, t_total, max_query_len, num_splits, impl="auto", arch=90
         s = (num_sms * per_sm) // base if base else 1
         s = min(s, limit // (reqs_heads * q_tile_ctas))
         max_splits = max(1, min(MAX_AUTO_SPLITS, s))
+    base = b * hkv * q_tile_ctas
+    if active_clusters is None:
+        active_clusters = lambda c: (num_sms * per_sm) // c  # noqa: E731
+    cluster, cluster_count = 1, 1
+    if max_splits > 1 and arch >= 90 and "kernel" not in merge:  # choose_cluster
+        if num_splits > 0:
+            cluster = cluster_size(max_splits)
+            cluster_count = -(-max_splits // cluster)
+        else:
+            best_c, best_s = 1, 0
+            c = cluster_size(max_splits)
+            while c >= 2:
+                sp = cluster_splits(active_clusters(c), c, base, max_splits)
+                if sp > best_s:
+                    best_c, best_s = c, sp
+                c //= 2
+            if best_c >= 2 and best_s >= 2:
+                cluster, cluster_count, max_splits = best_c, best_s // best_c, best_s
+    split_ctas = cluster * cluster_count if cluster > 1 else max_splits
+    if cluster > 1:
+        ws_partials = cluster_count if cluster_count > 1 else 0
+    else:
+        ws_partials = max_splits if max_splits > 1 else 0
     inert = min(8, max(1, t_total))
+    inert = -(-inert // cluster) * cluster  # whole clusters of their own
     return dict(block_m=block_m, block_n=block_n, wg=wg, q_tile_ctas=q_tile_ctas,
-                max_splits=max_splits, inert=inert,
-                grid=inert + b * hkv * q_tile_ctas * max_splits)  # fmt: skip
+                max_splits=max_splits, inert=inert, cluster=cluster, cluster_count=cluster_count,
+                ws_partials=ws_partials, grid=inert + base * split_ctas)  # fmt: skip
 
 
 # ---- the kernel --------------------------------------------------------------------------------
@@ -252,8 +296,110 @@ class Smem:
                 self.a[dst : dst + 8] = v
 
 
+def exp2_f32(x):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.exp2(np.float32(x)).astype(np.float32)
+
+
+def merge_row(lses, rows, sink_l2):
+    """The kernel's merge of partial rows (lse log2 domain, rows fp32 [n, d]) in index order; with
+    sink_l2 (sink * log2 e, final level only): returns (o, lse natural log) of the output row,
+    else the merged partial (o normalised, lse log2)."""
+    mx = np.float32(NEG_INF)
+    for v in lses:
+        mx = np.float32(np.nan) if (np.isnan(v) or np.isnan(mx)) else max(mx, np.float32(v))
+    final = sink_l2 is not False
+    if mx == NEG_INF:
+        if final:
+            return np.zeros(rows.shape[1], np.float32), (NEG_INF if sink_l2 is None else None)
+        return np.zeros(rows.shape[1], np.float32), NEG_INF
+    m_ref = mx
+    if final and sink_l2 is not None:
+        m_ref = np.float32(np.fmax(mx, np.float32(sink_l2)))  # fmaxf: NaN mx gives the sink
+    acc = np.zeros(rows.shape[1], np.float32)
+    l_ = np.float32(0)
+    for v, x in zip(lses, rows, strict=True):
+        w = exp2_f32(np.float32(v) - m_ref)
+        acc = (w * x + acc).astype(np.float32)
+        l_ = np.float32(l_ + w)
+    if final:
+        if sink_l2 is not None:
+            l_ = np.float32(l_ + exp2_f32(np.float32(sink_l2) - m_ref))
+        inv = np.float32(1) / l_
+        return (acc * inv).astype(np.float32), np.float32((m_ref + np.log2(l_)) * LN2)
+    inv = np.float32(1) / l_ if l_ != 0 else np.float32(0)
+    return (acc * inv).astype(np.float32), (m_ref + np.float32(np.log2(l_)) if l_ != 0 else NEG_INF)
+
+
+def cluster_merge(parts, out, lse, ws_out, ws_lse, counters, order, seed, cluster, block_m, group,
+                  hq, t_total, sinks, request):  # fmt: skip
+    """Level 1 (each rank's slice over its cluster's C partials, read as through DSMEM after the
+    cluster barrier) and level 2 (slot write, then arrival at the slice's counter; the CTA that
+    draws ticket nc - 1 resets it and merges slots 0 .. nc - 1), the level-2 events in `order`.
+    ws slots are NaN until written, so a merge that ran before every slot landed shows NaN."""
+    rows_per_rank = block_m // cluster
+    events = []  # (r, g, p0, p1, c, rank, nc, merged partial slice)
+    for (r, g, p0, p1, n_split, c), ranks in parts.items():
+        assert sorted(ranks) == list(range(cluster)), "every rank of an active cluster writes"
+        nc = -(-n_split // cluster)
+        q_start = request(r)[0]
+        for rank in range(cluster):
+            r0 = rank * rows_per_rank
+            if r0 >= p1 - p0:
+                continue
+            sl = []
+            for row in range(r0, min(r0 + rows_per_rank, p1 - p0)):
+                pp = p0 + row
+                t, h = q_start + pp // group, g * group + pp % group
+                lses = [ranks[s][1][row] for s in range(cluster)]
+                rows = np.stack([ranks[s][0][row] for s in range(cluster)])
+                if nc == 1:
+                    sink = None if sinks is None else float(sinks[h]) * LOG2E
+                    ov, lv = merge_row(lses, rows, sink)
+                    out[t, h] = bf16_round(ov)
+                    lse[t, h] = lv if lv is not None else sinks[h]
+                else:
+                    sl.append((t, h, merge_row(lses, rows, False)))
+            if nc > 1:
+                events.append((r, g, p0, p1, c, rank, nc, sl))
+    if order == "descending":
+        events = events[::-1]
+    elif order == "random":
+        rng = np.random.default_rng(seed)
+        events = [events[i] for i in rng.permutation(len(events))]
+    written, merged = set(), set()
+    for _r, _g, _p0, _p1, c, _rank, nc, sl in events:
+        for t, h, (ov, lv) in sl:  # this cluster's partial of the slice -> slot c
+            ws_out[c, t, h] = ov
+            ws_lse[c, t, h] = lv
+        t0, h0 = sl[0][0], sl[0][1]  # counter of the slice's first (row, head)
+        key = t0 * hq + h0
+        written.add((key, c))
+        ticket = counters[key]
+        counters[key] += 1
+        if ticket != nc - 1:
+            continue
+        counters[key] = 0  # the last arriver resets it
+        assert all((key, cc) in written for cc in range(nc)), "merged before every slot landed"
+        assert key not in merged, "a slice merged twice"
+        merged.add(key)
+        STATS["level2_merges"] += 1
+        for t, h, _ in sl:
+            sink = None if sinks is None else float(sinks[h]) * LOG2E
+            ov, lv = merge_row([ws_lse[cc, t, h] for cc in range(nc)], ws_out[:nc, t, h], sink)
+            out[t, h] = bf16_round(ov)
+            lse[t, h] = lv if lv is not None else sinks[h]
+    slices = {ev[7][0][0] * hq + ev[7][0][1] for ev in events}  # events have nc > 1
+    assert merged == slices, "a slice was never merged"
+
+
 def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num_splits=0,
-            impl="auto", land_at_issue=True, **kw):  # fmt: skip
+            impl="auto", land_at_issue=True, counters=None, orders=("ascending",), seed=0,
+            **kw):  # fmt: skip
+    """Returns (out, lse, plan). Cluster merge: ``counters`` is the persistent arrival-counter
+    buffer (zeroed uint32 [T * Hq], checked zero again afterwards; a fresh one if None) and the
+    level-2 arrivals run in each of ``orders`` ("ascending", "descending", "random"), which must
+    all give bit-identical results."""
     q = bf16_round(pb["query"].float().numpy())
     kc = pb["key_cache"].float().numpy()
     vc = pb["value_cache"].float().numpy()
@@ -278,8 +424,13 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     stage_bytes = 2 * tile_bytes
     out = np.full((t_total, hq, d), np.nan, dtype=np.float32)
     lse = np.full((t_total, hq), np.nan, dtype=np.float32)
-    ws_out = np.full((max_splits, t_total, hq, d), np.nan, dtype=np.float32)
-    ws_lse = np.full((max_splits, t_total, hq), np.nan, dtype=np.float32)
+    cluster, cluster_count = pl["cluster"], pl["cluster_count"]
+    ws_out = np.full((max(1, pl["ws_partials"]), t_total, hq, d), np.nan, dtype=np.float32)
+    ws_lse = np.full((max(1, pl["ws_partials"]), t_total, hq), np.nan, dtype=np.float32)
+    if counters is None:
+        counters = np.zeros(t_total * hq, np.int64)
+    assert (counters == 0).all(), "arrival counters must be zero before a launch"
+    cluster_parts = {}  # (r, g, p0, p1, n_split, c) -> {rank: (part [block_m, d], lse [block_m])}
     sl = max(f32(abs(softmax_scale) * LOG2E), FLT_MIN)
     q_sign = -1.0 if softmax_scale < 0 else 1.0
     heads_tiles = hkv * q_tile_ctas
@@ -301,10 +452,19 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
     kv_chunk, kv_row0 = tids % chunks, tids // chunks
 
     for cta in range(pl["grid"] - pl["inert"]):
-        ht = cta % heads_tiles
-        rest = cta // heads_tiles
-        split = rest % max_splits
-        r = rest // max_splits
+        if cluster > 1:  # (request, cluster, KV head x query-tile CTA, rank)
+            rank = cta % cluster
+            rest0 = cta // cluster
+            ht = rest0 % heads_tiles
+            rest = rest0 // heads_tiles
+            split = rest % cluster_count * cluster + rank
+            r = rest // cluster_count
+        else:
+            rank = 0
+            ht = cta % heads_tiles
+            rest = cta // heads_tiles
+            split = rest % max_splits
+            r = rest // max_splits
         g = ht % hkv
         q_cta = ht // hkv
         q_start, q_len, kv_len = request(r)
@@ -318,7 +478,11 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
             p1 = min(p0 + block_m, packed_total)
             tk = tile_keys(kv_len, q_len, p0, p1, group, window_left, cap, block_n)
             n_split = split_count(tk["ntk"], max_splits, num_splits)
-            if split >= n_split:
+            if cluster > 1:
+                # cluster-uniform skip; an empty split of an active cluster takes part
+                if (split > 0) if n_split == 1 else (split - rank >= n_split):
+                    continue
+            elif split >= n_split:
                 continue
             per = -(-tk["ntk"] // n_split)
             kt_begin = tk["kt0"] + split * per
@@ -511,6 +675,32 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
                                     mma(o[u, :, c], pa, bfr[:, 0], bfr[:, 1])
                                     mma(o[u, :, c + 1], pa, bfr[:, 2], bfr[:, 3])
             # epilogue
+            if cluster > 1 and n_split > 1:  # the CTA's normalised partial -> its shared memory
+                part = np.zeros((block_m, d), np.float32)
+                part_lse = np.full(block_m, NEG_INF, np.float32)
+                for u in range(n16):
+                    for half in range(2):
+                        lq = row_l[u, :, half]
+                        lq = lq + lq[LANES ^ 1]
+                        lq = lq + lq[LANES ^ 2]
+                        for lane in range(32):
+                            row = u * 16 + (lane >> 2) + half * 8
+                            l_ = np.float32(lq[lane])
+                            inv = np.float32(1.0) / l_ if l_ != 0 else np.float32(0.0)
+                            dcol = (lane & 3) << 1
+                            for c in range(d // 8):
+                                part[row, c * 8 + dcol : c * 8 + dcol + 2] = (
+                                    o[u, lane, c, 2 * half : 2 * half + 2] * inv
+                                )
+                            if lane & 3 == 0:
+                                part_lse[row] = (
+                                    row_m[u, lane, half] + np.float32(np.log2(l_))
+                                    if l_ != 0
+                                    else NEG_INF
+                                )
+                key = (r, g, p0, p1, n_split, split // cluster)
+                cluster_parts.setdefault(key, {})[rank] = (part, part_lse)
+                continue
             for u in range(n16):
                 if not active[u]:
                     continue
@@ -555,8 +745,21 @@ def emulate(pb, softmax_scale, window_left=-1, sinks=None, max_query_len=-1, num
                                 ws_out[split, t, h, c * 8 + dcol : c * 8 + dcol + 2] = vals[c] * inv
                             if lane & 3 == 0:
                                 ws_lse[split, t, h] = m + math.log2(l_) if l_ > 0 else NEG_INF
+    if cluster > 1:
+        results = []
+        for order in orders:
+            o2, l2 = out.copy(), lse.copy()
+            wso, wsl = ws_out.copy(), ws_lse.copy()
+            cluster_merge(cluster_parts, o2, l2, wso, wsl, counters, order, seed, cluster,
+                          block_m, group, hq, t_total, sinks, request)  # fmt: skip
+            assert (counters == 0).all(), "a launch must leave the arrival counters zeroed"
+            results.append((o2, l2))
+        for o2, l2 in results[1:]:  # the arrival order never changes a bit
+            assert np.array_equal(o2, results[0][0], equal_nan=True), "order-dependent out"
+            assert np.array_equal(l2, results[0][1], equal_nan=True), "order-dependent lse"
+        out, lse = results[0]
     # merge kernel
-    if max_splits > 1:
+    if max_splits > 1 and cluster == 1:
         for t in range(t_total):
             rr = -1
             for r in range(b):
@@ -619,6 +822,28 @@ def main() -> None:
         ([40, 2], [90, 260], 8, 1, 64, 16, {"max_query_len": 1, "sinks": True}),  # q-tile loop
         ([30], [250], 12, 2, 64, 16, {"max_query_len": 30, "num_splits": 2}),  # G=6 cuts rows
         ([14, 2], [90, 40], 8, 1, 128, 16, {"max_query_len": 14, "scale": 0.0}),  # 128x128
+        # merge kernel (PEAGLE_ATTN_MERGE=kernel / sm_100 before clusters) next to the cluster merge
+        (
+            [14, 3],
+            [300, 40],
+            16,
+            2,
+            64,
+            8,
+            {"max_query_len": 14, "num_splits": 3, "merge": "kernel"},
+        ),
+        ([14, 1, 5], [400, 37, 3], 8, 2, 64, 16, {"max_query_len": 14, "merge": "kernel"}),
+        # cluster merge, one level: 8 splits, one 8-CTA cluster (B=1 decode shape, G = 4)
+        ([14], [1100], 16, 4, 128, 16, {"max_query_len": 14, "num_splits": 8}),
+        # two levels: 16+ splits in 8-CTA clusters, slices merged by the last cluster to arrive
+        ([14], [1100], 16, 4, 64, 16, {"max_query_len": 14}),
+        ([14], [1100], 16, 2, 64, 16, {"max_query_len": 14, "sinks": True, "window_left": 900}),
+        # ragged B > 1: clusters of a request that needs fewer splits skip, empty splits take part
+        ([14, 14, 2, 0], [1100, 200, 700, 5], 16, 2, 64, 16, {"max_query_len": 14}),
+        # G = 8 (128-row tiles, 16 rows per rank), a 5-split fixed plan (4 + 1 idle 3 in cluster 2)
+        ([14], [900], 16, 2, 64, 16, {"max_query_len": 14, "num_splits": 5}),
+        # resident clusters scarce: the plan picks the cluster size that holds most splits
+        ([14], [1100], 16, 4, 64, 16, {"max_query_len": 14, "active_clusters": lambda c: 5}),
     ]
     for q_lens, kv_lens, hq, hkv, d, bs, kw in cases:
         pb = make_problem(gen, q_lens, kv_lens, hq, hkv, d, bs, torch.bfloat16, "cpu", t_pad=2)
@@ -633,18 +858,25 @@ def main() -> None:
             pb.seq_lens, softmax_scale=scale, window_left=kw.get("window_left", -1),
             sinks=None if sinks is None else torch.from_numpy(sinks),
         )  # fmt: skip
+        counters = np.zeros(pb.query.shape[0] * hq, np.int64)  # persistent across the two runs
         for land_at_issue in (True, False):
-            out, lse, pl = emulate(pbd, scale, sinks=sinks, land_at_issue=land_at_issue, **kw)
+            out, lse, pl = emulate(pbd, scale, sinks=sinks, land_at_issue=land_at_issue,
+                                   counters=counters, orders=("ascending", "descending", "random"),
+                                   seed=len(q_lens), **kw)  # fmt: skip
             assert not np.isnan(out).any() and not np.isnan(lse).any(), "unwritten output"
             err = np.abs(out - ref.numpy()).max()
             fin = np.isfinite(ref_lse.numpy())
             assert (np.isfinite(lse) == fin).all(), "lse -inf pattern"
             lerr = np.abs(lse[fin] - ref_lse.numpy()[fin]).max() if fin.any() else 0.0
-            cfg = {k: pl[k] for k in ("block_m", "block_n", "wg", "q_tile_ctas", "max_splits")}
-            print(f"q={q_lens} kv={kv_lens} {hq}/{hkv}x{d} bs={bs} scale={scale:.3g} {kw} "
+            keys = ("block_m", "block_n", "wg", "q_tile_ctas", "max_splits", "cluster",
+                    "cluster_count")  # fmt: skip
+            cfg = {k: pl[k] for k in keys}
+            kw_s = {k: ("f" if callable(v) else v) for k, v in kw.items()}
+            print(f"q={q_lens} kv={kv_lens} {hq}/{hkv}x{d} bs={bs} scale={scale:.3g} {kw_s} "
                   f"land_at_issue={land_at_issue} {cfg}: "
                   f"max|out-ref|={err:.2e} max|lse-ref|={lerr:.2e}")  # fmt: skip
             assert err < 2e-2 and lerr < 1e-3, "emulated kernel disagrees with the reference"
+    assert STATS["level2_merges"] > 0, "no case reached the cluster merge's second level"
 
 
 if __name__ == "__main__":

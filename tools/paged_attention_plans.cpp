@@ -1,7 +1,10 @@
 // Prints paged_attention's host-side launch plans (plan_paged_attention) for the benchmark shapes
 // (B 1/8/64 x kv 1k/4k/16k x 64/8 x 64 and 32/8 x 128, q_len 14, page 16, fp16/bf16, num_splits
-// auto/1/3) on a 132-SM sm_90 device. No GPU needed: build it against two commits and diff the
-// outputs to show a change leaves every launch configuration as it was (docs/testing.md).
+// auto/1/3) on a 132-SM sm_90 device. Without a GPU the occupancy queries fail (1 CTA per SM, no
+// resident clusters: the merge-kernel plans); on the GPU it prints the real plans, the cluster
+// merge included (cluster CxN: N clusters of C CTAs per tile; wsp: workspace partial slots; cnt:
+// arrival counters). Build it against two commits and diff the outputs to show a change leaves a
+// launch configuration as it was (docs/testing.md).
 //
 //   nvcc -std=c++17 -O1 -arch=sm_90a -Icsrc/include -x cu tools/paged_attention_plans.cpp \
 //        csrc/cuda/paged_attention.cu -o /tmp/plans && /tmp/plans
@@ -31,8 +34,11 @@ int main() {
             p.num_sms = 132;
             p.arch = 90;
             PagedAttentionPlan q = plan_paged_attention(p);
-            printf("B%d kv%d lay%d dt%d ns%d: m%d n%d impl%d qt%d ms%d ws%d inert%d grid%lld\n", b,
-                   kv, lay, dt, ns, q.block_m, q.block_n, q.impl, q.q_tile_ctas, q.max_splits,
-                   int(q.needs_workspace), q.inert_ctas, (long long)q.grid_ctas);
+            printf(
+                "B%d kv%d lay%d dt%d ns%d: m%d n%d impl%d qt%d ms%d ws%d inert%d grid%lld "
+                "cluster%dx%d wsp%d cnt%d\n",
+                b, kv, lay, dt, ns, q.block_m, q.block_n, q.impl, q.q_tile_ctas, q.max_splits,
+                int(q.needs_workspace), q.inert_ctas, (long long)q.grid_ctas, q.cluster,
+                q.cluster_count, q.ws_partials, int(q.needs_counters));
           }
 }

@@ -145,6 +145,9 @@ def attention_cases() -> None:
             {"window_left": 40},
         ),
         ([4, 3], [66, 20], 8, 2, 64, 16, torch.bfloat16, {"max_blocks": 4}, {}),  # over capacity
+        # split merge in clusters, two levels (B = 1 decode: 8-CTA clusters, last-arriver slices)
+        ([14], [6000], 32, 8, 128, 16, torch.bfloat16, {}, {"max_query_len": 14}),
+        ([14, 3], [5000, 40], 64, 8, 64, 16, torch.float16, {}, {"num_splits": 24}),
     ]
     # Every kernel variant (PEAGLE_ATTN_IMPL, read per launch): the default on all cases, the
     # others on the cases their paths handle differently (GQA 4/8, head_dim 128, splits).
@@ -195,6 +198,16 @@ def attention_cases() -> None:
                 assert torch.isfinite(out[: q_len - 3].float()).all(), (impl, q_len, d, num_splits)
                 assert not torch.isfinite(out[q_len - 3 :].float()).all(-1).any()
     os.environ.pop("PEAGLE_ATTN_IMPL", None)
+    # The separate merge kernel (PEAGLE_ATTN_MERGE=kernel) on a split case.
+    os.environ["PEAGLE_ATTN_MERGE"] = "kernel"
+    pb = make_problem(g, [14], [6000], 32, 8, 128, 16, torch.bfloat16, "cuda")
+    args = (pb.query, pb.key_cache, pb.value_cache, pb.block_table, pb.query_start_loc,
+            pb.seq_lens)  # fmt: skip
+    out_k = ops.paged_attention(*args, max_query_len=14, num_splits=24)
+    os.environ.pop("PEAGLE_ATTN_MERGE")
+    out_c = ops.paged_attention(*args, max_query_len=14, num_splits=24)
+    torch.cuda.synchronize()
+    assert (out_k.float() - out_c.float()).abs().max().item() < 0.02
 
 
 CASES = {

@@ -102,11 +102,25 @@ peagle::PagedAttentionParams attention_params(const Cache& c, int32_t b, int64_t
   return p;
 }
 
-// Split-KV workspace for `plan` (as the glue allocates it); freed by the caller.
+// Split-KV workspace for `plan` (as the glue allocates it); freed by the caller. The cluster
+// merge's arrival counters (zeroed once, left zeroed by every launch) are one process-wide buffer
+// that only grows, as the glue keeps one per stream.
 std::pair<float*, float*> plan_workspace(peagle::PagedAttentionParams& p,
                                          const peagle::PagedAttentionPlan& plan) {
+  if (plan.needs_counters) {
+    static uint32_t* counters = nullptr;
+    static size_t capacity = 0;
+    const size_t n = size_t(p.num_tokens) * p.num_q_heads;
+    if (n > capacity) {
+      if (counters != nullptr) BENCH_CHECK(cudaFree(counters));
+      counters = bench::device_alloc<uint32_t>(n);
+      BENCH_CHECK(cudaMemset(counters, 0, n * sizeof(uint32_t)));
+      capacity = n;
+    }
+    p.ws_counters = counters;
+  }
   if (!plan.needs_workspace) return {nullptr, nullptr};
-  const size_t rows = size_t(plan.max_splits) * p.num_tokens * p.num_q_heads;
+  const size_t rows = size_t(plan.ws_partials) * p.num_tokens * p.num_q_heads;
   p.ws_out = bench::device_alloc<float>(rows * p.head_dim);
   p.ws_lse = bench::device_alloc<float>(rows);
   p.max_splits = plan.max_splits;

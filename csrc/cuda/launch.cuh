@@ -69,6 +69,34 @@ cudaError_t launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaSt
   kernel<<<grid, block, smem, stream>>>(args...);
   return cudaGetLastError();
 }
+
+// Launches kernel as thread-block clusters of cluster_x CTAs along x (grid.x a multiple of it),
+// as a programmatic dependent of the previous kernel when PDL is enabled (without the PDL
+// attribute if it is refused). A cluster launch has no <<<>>> fallback: errors are returned.
+template <typename Kernel, typename... Args>
+cudaError_t launch_cluster_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, unsigned cluster_x, const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return cudaSuccess;
+  if (cfg.numAttrs == 1) return cudaGetLastError();
+  (void)cudaGetLastError();
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, args...);
+  return cudaGetLastError();
+}
 #endif
 
 }  // namespace peagle

@@ -12,9 +12,12 @@
 //   * KV split: the tile's visible key range [lo_min, hi_max] is cut into kBlockN-key tiles; the
 //     number of splits is decided ON THE DEVICE per (request, tile) from seq_lens (split_count),
 //     capped by a host bound computed from B, Hkv, the query-tile count and the SM count only.
-//     num_splits > 0 fixes it instead. Splits write fp32 partial (o, lse) to a workspace and a
-//     merge kernel (programmatic dependent launch) combines them; a tile with a single split
-//     writes the output directly.
+//     num_splits > 0 fixes it instead. A tile with a single split writes the output directly.
+//     Several splits are merged either inside this kernel (sm_90+, PagedAttentionPlan::cluster >
+//     1: the splits run as thread-block clusters that merge through distributed shared memory,
+//     clusters of one tile through per-slice arrival counters; see cluster_merge_tile) or, with
+//     PEAGLE_ATTN_MERGE=kernel and where clusters are unavailable, by writing fp32 partials
+//     (o, lse) to a workspace that a merge kernel (programmatic dependent launch) combines.
 // Per CTA: Q tile -> registers (ldmatrix), K/V tiles streamed through a kStages-deep cp.async
 // ring (each page read once per KV head; the block ids of the next tile are fetched one
 // iteration ahead; keys outside [lo_min, hi_max], past the table's capacity or behind an invalid
@@ -29,7 +32,10 @@
 // max_query_len hint), so a fixed num_splits stays bit-reproducible; PEAGLE_ATTN_IMPL overrides
 // it (see plan_paged_attention). No host sync; the grid depends only on host-known sizes, so the
 // launches are CUDA-graph capturable.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdlib>
 #include <cstring>
@@ -92,15 +98,17 @@ struct AttnCfg {
 
 // Grid decomposition and softmax constants, shared by the main and the merge kernel.
 struct AttnGrid {
-  int32_t group;        // Hq / Hkv
-  int32_t heads_tiles;  // Hkv * q_tile_ctas (fastest grid index)
-  int32_t work_ctas;    // B * heads_tiles * max_splits; the inert-row CTAs follow
-  int32_t q_tile_ctas;  // CTAs along the packed-row axis per (request, KV head)
-  int32_t max_splits;   // CTAs along the KV axis per (request, KV head, query tile)
-  int32_t block_m;      // packed rows per query tile
-  int32_t block_n;      // keys per KV tile
-  float scale_log2;     // |softmax_scale| * log2(e), at least FLT_MIN (so -inf * scale = -inf)
-  uint32_t q_sign;      // 0x80008000 when softmax_scale < 0: Q's sign is flipped instead
+  int32_t group;          // Hq / Hkv
+  int32_t heads_tiles;    // Hkv * q_tile_ctas (fastest grid index)
+  int32_t work_ctas;      // B * heads_tiles * max_splits; the inert-row CTAs follow
+  int32_t q_tile_ctas;    // CTAs along the packed-row axis per (request, KV head)
+  int32_t max_splits;     // CTAs along the KV axis per (request, KV head, query tile)
+  int32_t cluster;        // cluster merge: CTAs per cluster along the KV axis (1: merge kernel)
+  int32_t cluster_count;  // cluster merge: clusters per (request, KV head, query tile)
+  int32_t block_m;        // packed rows per query tile
+  int32_t block_n;        // keys per KV tile
+  float scale_log2;       // |softmax_scale| * log2(e), at least FLT_MIN (so -inf * scale = -inf)
+  uint32_t q_sign;        // 0x80008000 when softmax_scale < 0: Q's sign is flipped instead
 };
 
 // Writes 0 (lse -inf) into rows outside every request: [0, qsl[0]) and [qsl[B], T).
@@ -147,13 +155,215 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
 }
 
 // ---------------------------------------------------------------------------------------------
+// Cluster split merge (sm_90+; PagedAttentionPlan::cluster > 1)
+// ---------------------------------------------------------------------------------------------
+//
+// The splits of a query tile run as clusters of C = grid.cluster CTAs, split = c * C + rank;
+// clusters with c * C >= n_split skip the tile and the CTAs of an active cluster whose split is
+// empty contribute an empty partial (lse -inf, o 0). Level 1: every CTA writes its normalised
+// fp32 partial (o / l and lse = m + log2 l: the merge kernel's inputs) into its own shared
+// memory; after a cluster barrier, rank j merges the packed rows [j R, (j + 1) R) of the tile
+// (R = kBlockM / C) over the C partials, read through distributed shared memory in rank order.
+// With one active cluster (n_split <= C) rank j writes those rows' out / lse (sinks applied).
+// With nc > 1 active clusters (level 2) rank j writes its cluster's partial of the slice into
+// workspace slot c and arrives at the slice's counter (ws_counters at the slice's first (row,
+// head), unique per slice); the CTA that draws ticket nc - 1 resets the counter to 0 (the op
+// stays graph-replayable with no memset) and merges slots 0 .. nc - 1 in slot order. The
+// summation order never depends on the arrival order, so results are bit-reproducible.
+// Ordering: writers' stores -> barrier -> thread 0: __threadfence, atomicAdd (release); the
+// last arriver: atomicAdd -> barrier -> __threadfence, ld.global.cg reads (acquire).
+constexpr int kMaxCluster = 8;
+
+template <int D, int kBlockM>
+constexpr int cluster_part_bytes() {
+  return kBlockM * (D + 4) * 4 + kBlockM * 4;  // fp32 rows (16-byte padded) + lse
+}
+
+template <typename T, int D, int kBlockM, int kMT, int kThreads>
+__device__ __forceinline__ void cluster_merge_tile(
+    const PagedAttentionParams& p, const AttnGrid& grid, uint8_t* smem,
+    const float (&o)[kMT][D / 8][4], const float (&row_m)[kMT][2], const float (&row_l)[kMT][2],
+    const AttnRequest& a, int32_t p0, int32_t p1, int32_t g, int32_t n_split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90; the host never selects this path there
+#else
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  constexpr int kPS = D + 4;  // fp32 row stride of a partial (rows stay 16-byte aligned)
+  constexpr int kV = D / 4;   // float4 per row
+  float* part = reinterpret_cast<float*>(smem);
+  float* part_lse = part + kBlockM * kPS;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int32_t group = grid.group;
+  using Mma = MmaOp<T>;
+
+  __syncthreads();  // every warp is done with Q's and the last K/V stage's shared memory
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float l = row_l[mt][half];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l != 0.f ? 1.f / l : 0.f;  // NaN l (a NaN score) propagates
+      const int row = (warp * kMT + mt) * 16 + (lane >> 2) + half * 8;
+      float* dst = part + row * kPS + ((lane & 3) << 1);
+#pragma unroll
+      for (int cc = 0; cc < D / 8; ++cc) {
+        *reinterpret_cast<float2*>(dst + cc * 8) =
+            make_float2(o[mt][cc][2 * half] * inv, o[mt][cc][2 * half + 1] * inv);
+      }
+      if ((lane & 3) == 0) part_lse[row] = l != 0.f ? row_m[mt][half] + __log2f(l) : kNegInf;
+    }
+  }
+  cluster.sync();  // (release / acquire) every rank's partial is visible to the cluster
+
+  const int C = grid.cluster;
+  // Recomputed from blockIdx (the main loop keeps fewer registers live).
+  const int32_t rank = static_cast<int32_t>(blockIdx.x) % C;
+  const int32_t c = static_cast<int32_t>(blockIdx.x) / C / grid.heads_tiles % grid.cluster_count;
+  const int R = kBlockM / C;
+  const int32_t rows = p1 - p0;
+  const int r0 = rank * R;
+  const int32_t nc = (n_split + C - 1) / C;  // active clusters of this tile
+  const bool final_here = nc == 1;
+  // Thread -> n consecutive float4 of one row of the slice (R * D / 4 = n * kThreads exactly):
+  // the row's C (or nc) lse values are loaded once, then all of the thread's row loads are in
+  // flight together (two dependent round trips per level).
+  constexpr int kMaxN = (kBlockM * D) / (8 * kThreads);  // n at C = 2
+  static_assert(kMaxN >= 1 && (kBlockM * D) % (8 * kThreads) == 0, "");
+  const int n = (R * kV) / kThreads;
+  const int row = r0 + tid * n / kV, v0 = tid * n % kV;
+  const bool row_ok = row < rows;
+  const int32_t pp = p0 + row;
+  const int64_t t = a.q_start + pp / group;
+  const int32_t h = g * group + pp % group;
+  T* const dst = static_cast<T*>(p.out) + t * p.o_stride_t + h * p.o_stride_h + v0 * 4;
+  // Writes the output row part (the merge kernel's arithmetic): acc / l, lse (natural log).
+  auto write_out = [&](const float (&acc)[kMaxN][4], float l, float m_ref, bool empty) {
+    const float inv = empty ? 0.f : 1.f / l;
+#pragma unroll
+    for (int j = 0; j < kMaxN; ++j) {
+      if (j < n) {
+        // 4-byte stores: out rows are only 4-byte aligned (the bind's rule).
+        *reinterpret_cast<uint32_t*>(dst + j * 4) = Mma::pack(acc[j][0] * inv, acc[j][1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + j * 4 + 2) = Mma::pack(acc[j][2] * inv, acc[j][3] * inv);
+      }
+    }
+    if (v0 == 0 && p.lse != nullptr) {
+      p.lse[t * p.lse_stride_t + h] =
+          empty ? (p.sinks != nullptr ? p.sinks[h] : kNegInf) : (m_ref + __log2f(l)) * kLn2;
+    }
+  };
+
+  if (row_ok) {
+    // Rank s's partial, through distributed shared memory (mapa: recomputed, not kept live).
+    auto remote = [&](int s) {
+      return static_cast<const float*>(cluster.map_shared_rank(part, s));
+    };
+    float ls[kMaxCluster];
+    float mx = kNegInf;
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s) {
+      ls[s] = s < C ? remote(s)[kBlockM * kPS + row] : kNegInf;
+      mx = max_nan(mx, ls[s]);  // a NaN partial makes the row NaN
+    }
+    const bool sink = final_here && p.sinks != nullptr;
+    const float m_ref = sink && mx != kNegInf ? fmaxf(mx, p.sinks[h] * kLog2e) : mx;
+    float acc[kMaxN][4] = {};
+    float l = 0.f;
+    if (mx != kNegInf) {
+#pragma unroll
+      for (int s = 0; s < kMaxCluster; ++s) {
+        if (s < C) {
+          const float w = fast_exp2(ls[s] - m_ref);  // 0 for an empty partial
+          const float* src = remote(s) + row * kPS + v0 * 4;
+          l += w;
+#pragma unroll
+          for (int j = 0; j < kMaxN; ++j) {
+            if (j < n) {
+              const float4 x = *reinterpret_cast<const float4*>(src + j * 4);
+              acc[j][0] = fmaf(w, x.x, acc[j][0]);
+              acc[j][1] = fmaf(w, x.y, acc[j][1]);
+              acc[j][2] = fmaf(w, x.z, acc[j][2]);
+              acc[j][3] = fmaf(w, x.w, acc[j][3]);
+            }
+          }
+        }
+      }
+    }
+    if (final_here) {
+      if (sink && mx != kNegInf) l += fast_exp2(p.sinks[h] * kLog2e - m_ref);
+      write_out(acc, l, m_ref, mx == kNegInf);
+    } else {  // this cluster's partial of the row: workspace slot c
+      const int64_t slot = (static_cast<int64_t>(c) * p.num_tokens + t) * p.num_q_heads + h;
+      const float inv = l != 0.f ? 1.f / l : 0.f;
+      float* wdst = p.ws_out + slot * D + v0 * 4;
+#pragma unroll
+      for (int j = 0; j < kMaxN; ++j) {
+        if (j < n) {
+          *reinterpret_cast<float4*>(wdst + j * 4) =
+              make_float4(acc[j][0] * inv, acc[j][1] * inv, acc[j][2] * inv, acc[j][3] * inv);
+        }
+      }
+      if (v0 == 0) p.ws_lse[slot] = l != 0.f ? m_ref + __log2f(l) : kNegInf;
+    }
+  }
+  cluster.sync();  // no rank reads this CTA's shared memory any more (it may be reused or exit)
+  if (final_here || r0 >= rows) return;  // CTA-uniform
+
+  // Level 2: the last of the nc clusters to arrive at this slice merges their partials.
+  const int32_t pk = p0 + r0;
+  const int64_t key = (a.q_start + pk / group) * p.num_q_heads + g * group + pk % group;
+  bool last = false;
+  if (tid == 0) {
+    __threadfence();  // the slice's partial (every thread's stores, ordered by the barrier above)
+    const uint32_t ticket = atomicAdd(p.ws_counters + key, 1u);
+    last = ticket == static_cast<uint32_t>(nc - 1);
+    if (last) atomicExch(p.ws_counters + key, 0u);  // zero again: the next launch starts clean
+  }
+  if (!__syncthreads_or(last)) return;
+  __threadfence();  // acquire: every other cluster's partial of this slice
+  if (!row_ok) return;
+  const int64_t stride = p.num_tokens * p.num_q_heads;
+  const int64_t pair = t * p.num_q_heads + h;
+  float mx = kNegInf;
+#pragma unroll 4
+  for (int32_t cc = 0; cc < nc; ++cc) mx = max_nan(mx, __ldcg(p.ws_lse + cc * stride + pair));
+  const float m_ref = p.sinks != nullptr && mx != kNegInf ? fmaxf(mx, p.sinks[h] * kLog2e) : mx;
+  float acc[kMaxN][4] = {};
+  float l = 0.f;
+  if (mx != kNegInf) {
+#pragma unroll 2
+    for (int32_t cc = 0; cc < nc; ++cc) {
+      const float w = fast_exp2(__ldcg(p.ws_lse + cc * stride + pair) - m_ref);
+      const float4* src = reinterpret_cast<const float4*>(p.ws_out + (cc * stride + pair) * D) + v0;
+      l += w;
+#pragma unroll
+      for (int j = 0; j < kMaxN; ++j) {
+        if (j < n) {
+          const float4 x = __ldcg(src + j);
+          acc[j][0] = fmaf(w, x.x, acc[j][0]);
+          acc[j][1] = fmaf(w, x.y, acc[j][1]);
+          acc[j][2] = fmaf(w, x.z, acc[j][2]);
+          acc[j][3] = fmaf(w, x.w, acc[j][3]);
+        }
+      }
+    }
+    if (p.sinks != nullptr) l += fast_exp2(p.sinks[h] * kLog2e - m_ref);
+  }
+  write_out(acc, l, m_ref, mx == kNegInf);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Main kernel
 // ---------------------------------------------------------------------------------------------
 
 // grid = work_ctas (= B * heads_tiles * max_splits: (request, split, KV head x query-tile CTA),
 // KV heads fastest) + inert_ctas that write the rows outside every request (usually none, so
 // they exit at once; last, so that they take the SM slots the work leaves free).
-template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN, bool kCluster>
 __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads,
                                   AttnCfg<D, kBlockM, kWgmma, kBlockN>::kMinBlocks)
     paged_attention_kernel(const PagedAttentionParams p, const AttnGrid grid) {
@@ -176,10 +386,23 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
     write_inert_rows<T>(p, cta - grid.work_ctas, static_cast<int32_t>(gridDim.x) - grid.work_ctas);
     return;
   }
-  const int32_t ht = cta % grid.heads_tiles;
-  const int32_t rest = cta / grid.heads_tiles;
-  const int32_t split = rest % grid.max_splits;
-  const int32_t r = rest / grid.max_splits;
+  static_assert(!kCluster || cluster_part_bytes<D, kBlockM>() <= Cfg::kSmemBytes, "");
+  int32_t ht, split, r, rank = 0;
+  if constexpr (kCluster) {
+    // (request, cluster, KV head x query-tile CTA, rank): a cluster's CTAs are consecutive (its
+    // rank is blockIdx.x % C) and hold consecutive splits; KV heads stay next to each other.
+    rank = cta % grid.cluster;
+    const int32_t rest0 = cta / grid.cluster;
+    ht = rest0 % grid.heads_tiles;
+    const int32_t rest = rest0 / grid.heads_tiles;
+    r = rest / grid.cluster_count;
+    split = rest % grid.cluster_count * grid.cluster + rank;
+  } else {
+    ht = cta % grid.heads_tiles;
+    const int32_t rest = cta / grid.heads_tiles;
+    split = rest % grid.max_splits;
+    r = rest / grid.max_splits;
+  }
   const int32_t g = ht % p.num_kv_heads;
   const int32_t q_cta = ht / p.num_kv_heads;
   const int32_t group = grid.group;
@@ -224,7 +447,13 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
     const int32_t p1 = min(p0 + kBlockM, packed_total);
     const TileKeys tk = tile_keys(a, p0, p1, group, p.window_left, cap, kBlockN);
     const int32_t n_split = split_count(tk.ntk, grid.max_splits, p.num_splits);
-    if (split >= n_split) continue;  // uniform across the CTA
+    if constexpr (kCluster) {
+      // Cluster-uniform: a cluster holding no split skips the tile (one split: split 0 alone,
+      // written directly). An empty split of an active cluster takes part with no keys.
+      if (n_split == 1 ? split > 0 : split - rank >= n_split) continue;
+    } else if (split >= n_split) {
+      continue;  // uniform across the CTA
+    }
     const int32_t per_split = (tk.ntk + n_split - 1) / n_split;
     const int32_t kt_begin = tk.kt0 + split * per_split;
     const int32_t n_tiles = max(0, min(tk.kt0 + tk.ntk, kt_begin + per_split) - kt_begin);
@@ -564,6 +793,13 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
     }
 
     // Epilogue: quad-reduce l, then write out/lse (single split) or the fp32 partials.
+    if constexpr (kCluster) {
+      if (n_split > 1) {
+        cluster_merge_tile<T, D, kBlockM, kMT, Cfg::kThreads>(p, grid, smem, o, row_m, row_l, a, p0,
+                                                              p1, g, n_split);
+        continue;
+      }
+    }
     if (!warp_active) continue;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -755,10 +991,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 
 // Opts the instantiation into > 48 KB of dynamic shared memory (per device, so on every launch;
 // it is a cheap host call) and reports its resident CTAs per SM (cached per instantiation).
-template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN, bool kCluster = false>
 cudaError_t prepare_kernel(int* ctas_per_sm) {
   using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
-  auto kernel = paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN>;
+  auto kernel = paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN, kCluster>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -777,15 +1013,56 @@ cudaError_t prepare_kernel(int* ctas_per_sm) {
   return cudaSuccess;
 }
 
+// Clusters of `cluster` CTAs of the cluster-merge instantiation the device holds at once
+// (cudaOccupancyMaxActiveClusters: SMs are grouped, so this can be less than SMs x CTAs per SM /
+// cluster), cached per instantiation and cluster size; 0 when the query fails (the plan then
+// keeps the merge kernel).
 template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN>
+int max_active_clusters(int cluster) {
+  using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
+  static std::atomic<int> cached[kMaxCluster + 1];  // n + 1; 0: not asked yet
+  if (cluster < 2 || cluster > kMaxCluster) return 0;
+  const int c = cached[cluster].load(std::memory_order_relaxed);
+  if (c > 0) return c - 1;
+  int n = 0;
+  if (prepare_kernel<T, D, kBlockM, kWgmma, kBlockN, true>(nullptr) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster) * 64u);
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n,
+                                       paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN, true>,
+                                       &cfg) != cudaSuccess) {
+      n = 0;
+    }
+  }
+  (void)cudaGetLastError();
+  n = n > 0 ? n : 0;
+  cached[cluster].store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN, bool kCluster>
 cudaError_t launch_main(const PagedAttentionParams& p, const AttnGrid& g, int64_t ctas,
                         cudaStream_t stream) {
   using Cfg = AttnCfg<D, kBlockM, kWgmma, kBlockN>;
-  const cudaError_t err = prepare_kernel<T, D, kBlockM, kWgmma, kBlockN>(nullptr);
+  const cudaError_t err = prepare_kernel<T, D, kBlockM, kWgmma, kBlockN, kCluster>(nullptr);
   if (err != cudaSuccess) return err;
-  return launch_pdl(paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN>,
-                    dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                    p, g);
+  auto kernel = paged_attention_kernel<T, D, kBlockM, kWgmma, kBlockN, kCluster>;
+  const dim3 blocks(static_cast<unsigned>(ctas));
+  if constexpr (kCluster) {
+    return launch_cluster_pdl(kernel, blocks, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                              static_cast<unsigned>(g.cluster), p, g);
+  } else {
+    return launch_pdl(kernel, blocks, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, g);
+  }
 }
 
 // Calls fn.template run<kBlockM, kWgmma, kBlockN>() for the plan's instantiation. 32-key tiles
@@ -815,9 +1092,13 @@ struct OccupancyFn {
 };
 
 template <typename T, int D>
-int ctas_per_sm_for(const PagedAttentionPlan& plan) {
-  return dispatch_tile<D>(plan, OccupancyFn<T, D>{});
-}
+struct ClustersFn {
+  int cluster;
+  template <int M, bool W, int N>
+  int run() const {
+    return max_active_clusters<T, D, M, W, N>(cluster);
+  }
+};
 
 template <typename T, int D>
 struct LaunchMainFn {
@@ -827,9 +1108,22 @@ struct LaunchMainFn {
   cudaStream_t stream;
   template <int M, bool W, int N>
   cudaError_t run() const {
-    return launch_main<T, D, M, W, N>(p, g, ctas, stream);
+    return g.cluster > 1 ? launch_main<T, D, M, W, N, true>(p, g, ctas, stream)
+                         : launch_main<T, D, M, W, N, false>(p, g, ctas, stream);
   }
 };
+
+// Calls fn_for<T, D>(plan) with the element type and head_dim of p (bf16/fp16 x 64/128).
+template <template <typename, int> class Fn, typename... A>
+int dispatch_typed(const PagedAttentionParams& p, const PagedAttentionPlan& plan, A... args) {
+  const bool bf16 = p.dtype == AttnDtype::kBFloat16;
+  if (p.head_dim == 64) {
+    return bf16 ? dispatch_tile<64>(plan, Fn<__nv_bfloat16, 64>{args...})
+                : dispatch_tile<64>(plan, Fn<__half, 64>{args...});
+  }
+  return bf16 ? dispatch_tile<128>(plan, Fn<__nv_bfloat16, 128>{args...})
+              : dispatch_tile<128>(plan, Fn<__half, 128>{args...});
+}
 
 AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan) {
   AttnGrid g;
@@ -838,6 +1132,8 @@ AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan
   g.heads_tiles = p.num_kv_heads * plan.q_tile_ctas;
   g.work_ctas = static_cast<int32_t>(plan.grid_ctas - plan.inert_ctas);
   g.max_splits = plan.max_splits;
+  g.cluster = plan.cluster;
+  g.cluster_count = plan.cluster_count;
   g.block_m = plan.block_m;
   g.block_n = plan.block_n;
   const float a = p.softmax_scale < 0.f ? -p.softmax_scale : p.softmax_scale;
@@ -851,7 +1147,7 @@ cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan
                          cudaStream_t stream) {
   const AttnGrid g = make_grid(p, plan);
   cudaError_t err = dispatch_tile<D>(plan, LaunchMainFn<T, D>{p, g, plan.grid_ctas, stream});
-  if (err != cudaSuccess || !plan.needs_workspace) return err;
+  if (err != cudaSuccess || plan.cluster > 1 || !plan.needs_workspace) return err;
   const int64_t pairs = p.num_tokens * p.num_q_heads;
   const unsigned blocks = static_cast<unsigned>((pairs + kMergeWarps - 1) / kMergeWarps);
   return launch_pdl(paged_attention_merge_kernel<T, D>, dim3(blocks), dim3(kMergeWarps * 32), 0,
@@ -867,8 +1163,8 @@ cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan
 bool wgmma_compiled() {
   static const bool compiled = [] {
     cudaFuncAttributes attr = {};
-    if (cudaFuncGetAttributes(&attr, paged_attention_kernel<__nv_bfloat16, 64, 64, true, 64>) !=
-        cudaSuccess) {
+    if (cudaFuncGetAttributes(
+            &attr, paged_attention_kernel<__nv_bfloat16, 64, 64, true, 64, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -893,6 +1189,42 @@ void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPla
   }
 }
 
+// PEAGLE_ATTN_MERGE (benchmarks/tests, read at every call, so at graph capture): "kernel" keeps
+// the separate merge kernel; unset, "auto" or "cluster": the in-kernel cluster merge on sm_90+.
+bool cluster_merge_allowed(const PagedAttentionParams& p) {
+  if (p.merge_mode == 1 || p.arch < 90) return false;
+  const char* env = std::getenv("PEAGLE_ATTN_MERGE");
+  return env == nullptr || std::strstr(env, "kernel") == nullptr;
+}
+
+// Cluster merge for a plan with max_splits > 1 (sm_90+): the cluster size and the clusters per
+// tile, or cluster = 1 (merge kernel) where the device holds no such cluster.
+void choose_cluster(const PagedAttentionParams& p, int64_t base_ctas, PagedAttentionPlan& plan) {
+  namespace h = paged_attention_heuristics;
+  if (plan.max_splits < 2 || !cluster_merge_allowed(p)) return;
+  if (p.num_splits > 0) {  // fixed: exactly num_splits splits, whole clusters of them
+    const int32_t c = h::cluster_size(plan.max_splits, kMaxCluster);
+    if (dispatch_typed<ClustersFn>(p, plan, c) < 1) return;
+    plan.cluster = c;
+    plan.cluster_count = (plan.max_splits + c - 1) / c;
+    return;
+  }
+  // Automatic: the cluster size whose resident clusters hold the most splits in one wave.
+  int32_t best_c = 1, best_splits = 0;
+  for (int32_t c = h::cluster_size(plan.max_splits, kMaxCluster); c >= 2; c /= 2) {
+    const int active = dispatch_typed<ClustersFn>(p, plan, c);
+    const int32_t s = h::cluster_splits(active, c, base_ctas, plan.max_splits);
+    if (s > best_splits) {
+      best_c = c;
+      best_splits = s;
+    }
+  }
+  if (best_c < 2 || best_splits < 2) return;
+  plan.cluster = best_c;
+  plan.cluster_count = best_splits / best_c;
+  plan.max_splits = best_splits;
+}
+
 }  // namespace
 
 PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
@@ -908,25 +1240,33 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
   const int64_t fixed_splits = p.num_splits > 0 ? p.num_splits : 1;
   plan.q_tile_ctas = h::query_tile_ctas(group, p.max_query_len, plan.block_m, reqs_heads,
                                         fixed_splits, kGridLimit);
+  const int64_t base = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * plan.q_tile_ctas;
   if (p.num_splits > 0) {
     plan.max_splits = p.num_splits;
   } else {
-    int per_sm = 1;
-    const bool bf16 = p.dtype == AttnDtype::kBFloat16;
-    if (p.head_dim == 64) {
-      per_sm = bf16 ? ctas_per_sm_for<__nv_bfloat16, 64>(plan) : ctas_per_sm_for<__half, 64>(plan);
-    } else {
-      per_sm =
-          bf16 ? ctas_per_sm_for<__nv_bfloat16, 128>(plan) : ctas_per_sm_for<__half, 128>(plan);
-    }
-    const int64_t base = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * plan.q_tile_ctas;
+    const int per_sm = dispatch_typed<OccupancyFn>(p, plan);
     plan.max_splits = h::auto_splits(p.num_sms > 0 ? p.num_sms : kDefaultSmCount, per_sm, base,
                                      kGridLimit / (reqs_heads * plan.q_tile_ctas), kMaxAutoSplits);
   }
-  plan.needs_workspace = plan.max_splits > 1;
-  plan.inert_ctas = h::inert_ctas(p.num_tokens, kInertCtas);
-  plan.grid_ctas = plan.inert_ctas + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads *
-                                         plan.q_tile_ctas * plan.max_splits;
+  const int32_t kernel_splits = plan.max_splits;
+  choose_cluster(p, base, plan);
+  const int64_t inert = h::inert_ctas(p.num_tokens, kInertCtas);
+  if (plan.cluster > 1 &&
+      base * plan.cluster * plan.cluster_count + inert + plan.cluster > kGridLimit) {
+    plan.cluster = plan.cluster_count = 1;  // (not at real sizes) a grid too large: merge kernel
+    plan.max_splits = kernel_splits;
+  }
+  // CTAs along the KV axis per tile: max_splits, or whole clusters.
+  const int64_t split_ctas =
+      plan.cluster > 1 ? static_cast<int64_t>(plan.cluster) * plan.cluster_count : plan.max_splits;
+  const int64_t c = plan.cluster;
+  plan.ws_partials = plan.cluster > 1 ? (plan.cluster_count > 1 ? plan.cluster_count : 0)
+                                      : (plan.max_splits > 1 ? plan.max_splits : 0);
+  plan.needs_workspace = plan.ws_partials > 0;
+  plan.needs_counters = plan.cluster > 1 && plan.cluster_count > 1;
+  // Inert-row CTAs form whole clusters of their own (they never touch a cluster barrier).
+  plan.inert_ctas = static_cast<int32_t>((inert + c - 1) / c * c);
+  plan.grid_ctas = plan.inert_ctas + base * split_ctas;
   return plan;
 }
 
@@ -936,6 +1276,7 @@ cudaError_t launch_paged_attention(const PagedAttentionParams& p, const PagedAtt
   if (plan.needs_workspace && (p.ws_out == nullptr || p.ws_lse == nullptr)) {
     return cudaErrorInvalidValue;
   }
+  if (plan.needs_counters && p.ws_counters == nullptr) return cudaErrorInvalidValue;
   if (plan.grid_ctas < 1 || plan.grid_ctas > INT32_MAX) return cudaErrorInvalidConfiguration;
   const bool bf16 = p.dtype == AttnDtype::kBFloat16;
   if (p.dtype == AttnDtype::kFloat32) return cudaErrorInvalidValue;

@@ -51,6 +51,31 @@ inline int32_t auto_splits(int64_t sms, int64_t ctas_per_sm, int64_t base_ctas, 
   return static_cast<int32_t>(s);
 }
 
+// Cluster merge (sm_90+): CTAs per thread-block cluster along the KV axis for a plan of `splits`
+// splits -- the largest power of two <= min(splits, max_cluster) (8: the portable limit). The
+// kernel merges a cluster's splits through distributed shared memory, each rank taking
+// block_m / cluster rows, so the cluster size divides the 64/128-row tile.
+//   33 automatic splits -> 8; num_splits = 3 -> 2 (two clusters, the fourth CTA idle); 1 -> 1.
+inline int32_t cluster_size(int64_t splits, int64_t max_cluster) {
+  int64_t c = 1;
+  while (c * 2 <= splits && c * 2 <= max_cluster) c *= 2;
+  return static_cast<int32_t>(c);
+}
+
+// Splits that one wave of clusters holds: clusters per tile = resident clusters (the device's
+// cudaOccupancyMaxActiveClusters) / tiles, at least 1 and at most what `splits` (the one-wave CTA
+// count of auto_splits) needs, times the cluster size.
+//   B = 1, 32/8 x 128, 8-CTA clusters, 33 splits wanted: 32 resident clusters / 8 tiles = 4
+//   clusters -> 32 splits (256 CTAs, one wave); 30 resident -> 3 clusters -> 24 splits.
+inline int32_t cluster_splits(int64_t active_clusters, int64_t cluster, int64_t base_ctas,
+                              int64_t splits) {
+  if (active_clusters < 1 || cluster < 2) return 0;
+  const int64_t need = (splits + cluster - 1) / cluster;
+  int64_t per = base_ctas > 0 ? active_clusters / base_ctas : 1;
+  per = per < 1 ? 1 : (per > need ? need : per);
+  return static_cast<int32_t>(per * cluster);
+}
+
 // CTAs that write the rows outside every request (a padded tail; B == 0): a few, striding.
 inline int32_t inert_ctas(int64_t num_tokens, int64_t max_ctas) {
   const int64_t n = num_tokens > 1 ? num_tokens : 1;

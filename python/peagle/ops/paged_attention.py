@@ -73,7 +73,8 @@ def paged_attention(
             ``lse`` needs unit stride in ``Hq``), fully overwritten.
 
     CUDA kernel variants and environment switches (``PEAGLE_DISABLE_PDL``,
-    ``PEAGLE_ATTN_IMPL``): docs/architecture.md. No host sync; CUDA-graph safe.
+    ``PEAGLE_ATTN_IMPL``, ``PEAGLE_ATTN_MERGE``): docs/architecture.md. No host sync; CUDA-graph
+    safe.
 
     Returns:
         ``out [T, Hq, D]`` (and ``lse``). Rows that see no key (``kv_len == 0``, ``qlen >

@@ -58,14 +58,19 @@ struct PagedAttentionParams {
   int32_t max_query_len = 0;  // launch hint only (CUDA); results never depend on it
   int32_t num_splits = 0;     // 0: chosen on the device; > 0: fixed
   AttnDtype dtype = AttnDtype::kBFloat16;
-  // CUDA only: split-KV workspace (fp32 partial outputs [max_splits, T, Hq, D] and their lse
-  // [max_splits, T, Hq], lse in the log2 domain), the device's SM count and compute capability
-  // (major * 10 + minor); set by the glue (workspace from plan_paged_attention).
+  // CUDA only: split-KV workspace (fp32 partial outputs [plan.ws_partials, T, Hq, D] and their
+  // lse [plan.ws_partials, T, Hq], lse in the log2 domain), the cluster merge's arrival counters
+  // ([T * Hq] uint32, zero before the launch and zero again after it), the device's SM count and
+  // compute capability (major * 10 + minor); set by the glue (sizes from plan_paged_attention).
   float* ws_out = nullptr;
   float* ws_lse = nullptr;
+  uint32_t* ws_counters = nullptr;
   int32_t max_splits = 1;
   int32_t num_sms = 0;
   int32_t arch = 0;
+  // 0: the plan picks the split merge (in-kernel cluster merge where available); 1: always the
+  // separate merge kernel (also PEAGLE_ATTN_MERGE=kernel). Never changes which keys a row sees.
+  int32_t merge_mode = 0;
 };
 
 // Query rows and KV length of request r, clamped so that no access leaves its array (the CPU op
@@ -118,12 +123,22 @@ namespace peagle {
 // so it is CUDA-graph safe. The kernel variant (impl, block_m, block_n) never depends on the
 // max_query_len hint, so a fixed num_splits gives bit-identical results for any hint.
 struct PagedAttentionPlan {
-  int32_t block_m = 0;           // packed (query row x head) rows per CTA tile
-  int32_t block_n = 64;          // keys per KV tile
-  int32_t impl = 0;              // tensor-core path: 0 mma.sync (portable), 1 wgmma (sm_90a)
-  int32_t q_tile_ctas = 0;       // CTAs along the packed-row axis per (request, KV head)
-  int32_t max_splits = 1;        // CTAs along the KV axis per (request, KV head, q tile)
-  bool needs_workspace = false;  // max_splits > 1: allocate ws_out / ws_lse
+  int32_t block_m = 0;      // packed (query row x head) rows per CTA tile
+  int32_t block_n = 64;     // keys per KV tile
+  int32_t impl = 0;         // tensor-core path: 0 mma.sync (portable), 1 wgmma (sm_90a)
+  int32_t q_tile_ctas = 0;  // CTAs along the packed-row axis per (request, KV head)
+  int32_t max_splits = 1;   // KV splits per (request, KV head, q tile) at most
+  // Split merge. cluster == 1: splits write fp32 partials (ws_partials = max_splits slots) and a
+  // merge kernel combines them. cluster > 1 (sm_90+): the splits of a tile run as thread-block
+  // clusters of `cluster` CTAs (cluster_count per tile, cluster * cluster_count >= max_splits)
+  // that merge through distributed shared memory; with cluster_count > 1 every cluster writes one
+  // fp32 partial per row slice (ws_partials = cluster_count slots) and the last cluster to arrive
+  // at a slice (arrival counter, reset by it) merges them. No merge kernel either way.
+  int32_t cluster = 1;
+  int32_t cluster_count = 1;
+  int32_t ws_partials = 0;       // partial slots of ws_out / ws_lse (0: no workspace)
+  bool needs_workspace = false;  // ws_partials > 0: allocate ws_out / ws_lse
+  bool needs_counters = false;   // allocate ws_counters ([T * Hq] uint32, kept zeroed)
   int32_t inert_ctas = 1;        // trailing CTAs that write the rows outside every request
   int64_t grid_ctas = 0;         // CTAs of the main kernel: B * Hkv * q_tiles * splits + inert
 };
@@ -133,8 +148,9 @@ struct PagedAttentionPlan {
 PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p);
 
 // Main kernel (+ split merge when plan.max_splits > 1); no host sync, CUDA-graph safe.
-// p.ws_out / p.ws_lse must hold [plan.max_splits, T, Hq, D] / [plan.max_splits, T, Hq] fp32 when
-// plan.needs_workspace.
+// p.ws_out / p.ws_lse must hold [plan.ws_partials, T, Hq, D] / [plan.ws_partials, T, Hq] fp32 when
+// plan.needs_workspace; p.ws_counters T * Hq zeroed uint32 when plan.needs_counters (the launch
+// leaves them zeroed; two launches in flight at once must not share them).
 cudaError_t launch_paged_attention(const PagedAttentionParams& p, const PagedAttentionPlan& plan,
                                    cudaStream_t stream);
 
