@@ -1572,3 +1572,159 @@ def test_cuda_plain_launches_match_programmatic(tmp_path):
         out[flag] = torch.load(path)
     for x, y in zip(out["0"], out["1"], strict=True):
         assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: the one-kernel (fused) path, PEAGLE_VERIFY_FUSED=1 (read at every call). It must give the
+# unfused path's bits exactly (same code on the same inputs, only the scheduling differs), leave
+# its persistent counters zeroed (repeated calls, graph replays) and fall back to the unfused
+# path where it does not apply (top-k / top-p).
+# ---------------------------------------------------------------------------------------------
+
+
+def _fused_and_unfused(case: Case, monkeypatch, max_n: int | None = None):
+    monkeypatch.delenv("PEAGLE_VERIFY_FUSED", raising=False)
+    plain = run_op(case, "cuda", max_n=max_n)
+    monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "1")
+    fused = run_op(case, "cuda", max_n=max_n)
+    monkeypatch.delenv("PEAGLE_VERIFY_FUSED", raising=False)
+    return plain, fused
+
+
+def _assert_same(a: VerifyOutput, b: VerifyOutput) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y), (x, y)
+
+
+FUSED_CASES = {
+    # name: (counts, vocab, temps, extra)
+    "b1_random": ([7], 201088, [0.7], {}),
+    "b1_greedy": ([7], 201088, [0.0], {}),
+    "b64_random": ([7] * 64, 201088, 0.7, {}),
+    "b64_mixed": ([7] * 64, 151936, [0.0, 0.7, 1.2, 0.4] * 16, {}),
+    "k1": ([1] * 16, 32001, 0.9, {}),
+    "ragged": (
+        [0, 3, 7, 1, 0, 5, 2, 7, 4],
+        4097,
+        [0.8, 0.0, 1.1, 0.6, 0.0, 0.9, 1.5, 0.7, 0.3],
+        {},
+    ),
+    "odd_vocab": ([3, 5, 2, 6], 111, 1.0, {}),
+    "tiny_vocab": ([2, 0, 3], 5, [0.5, 1.0, 0.0], {}),
+    "draft_probs": ([7] * 8, 32001, 0.8, {"draft_probs": True}),
+    "exponentials": ([7] * 8, 32001, 0.8, {"exp_race": True}),
+    "bonus_ids": ([7] * 8, 32001, [0.0, 0.8] * 4, {"bonus_ids": True}),
+    "request_mask": ([7, 3, 0, 7, 5, 7], 32001, 0.8, {"mask": True}),
+    "many_requests": ([int(i % 4) for i in range(3000)], 37, 0.9, {}),
+}
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", list(FUSED_CASES))
+def test_cuda_fused_matches_unfused(name, monkeypatch):
+    counts, vocab, temps, extra = FUSED_CASES[name]
+    gen = torch.Generator().manual_seed(len(name) * 31 + vocab)
+    case = make_case(
+        counts, vocab, gen, temps=temps, dtype=torch.bfloat16, scale=3.0, p_follow=0.8,
+        draft_probs=extra.get("draft_probs", False),
+    )  # fmt: skip
+    b = case.b
+    if extra.get("exp_race"):
+        case["exponentials"] = _exponentials(case, gen)
+    if extra.get("bonus_ids"):
+        case["bonus_token_ids"] = torch.randint(0, vocab, (b,), generator=gen, dtype=torch.int32)
+    if extra.get("mask"):
+        case["request_mask"] = torch.tensor([True, False, True, True, False, True])
+    plain, fused = _fused_and_unfused(case, monkeypatch)
+    check_invariants(fused, case)
+    _assert_same(plain, fused)
+    # Repeated calls reuse the counters: still the same bits.
+    monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "1")
+    for _ in range(3):
+        _assert_same(run_op(case, "cuda"), fused)
+    # A smaller max_num_draft_tokens clamps the chains (rows past it are skipped items).
+    if max(counts) > 2:
+        plain2, fused2 = _fused_and_unfused(case, monkeypatch, max_n=2)
+        _assert_same(plain2, fused2)
+
+
+@requires_cuda
+def test_cuda_fused_edge_rows(monkeypatch):
+    """+inf rows, all -inf rows, NaN rows and a one-hot row through the fused path."""
+    gen = torch.Generator().manual_seed(77)
+    v = 4097
+    case = make_case([3, 3, 3, 3, 2], v, gen, temps=[0.7, 0.0, 1.0, 0.9, 0.6], scale=2.0)
+    lg = case["target_logits"]
+    lg[0, 17] = math.inf
+    lg[0, 900] = math.inf
+    lg[3, :] = -math.inf
+    lg[7, :] = float("nan")
+    lg[10, :] = -math.inf
+    lg[10, 5] = 1.0
+    lg[15] = math.inf  # a whole +inf bonus row
+    plain, fused = _fused_and_unfused(case, monkeypatch)
+    check_invariants(fused, case)
+    _assert_same(plain, fused)
+    assert_matches(fused, reference(case), case)
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "top", [(1, 1.0), (4097, 1.0), (0, 1.0), (50, 0.9), (0, 1e-6), (0, 0.5)],
+    ids=["top_k_1", "top_k_ge_v", "off", "top_k_top_p", "tiny_top_p", "top_p"],
+)  # fmt: skip
+def test_cuda_fused_falls_back_with_filters(top, monkeypatch):
+    """With top_k / top_p tensors the plan keeps the unfused path: same bits either way."""
+    gen = torch.Generator().manual_seed(78)
+    b, v = 12, 4097
+    case = make_case(
+        [7] * b, v, gen, temps=0.8, dtype=torch.bfloat16, top_k=[top[0]] * b, top_p=[top[1]] * b
+    )
+    plain, fused = _fused_and_unfused(case, monkeypatch)
+    _assert_same(plain, fused)
+    assert_matches(fused, reference(case), case)
+
+
+@requires_cuda
+@pytest.mark.parametrize("b", [1, 64])
+def test_cuda_fused_graph_replay(b, monkeypatch):
+    """Counters reset by the last CTAs: graph replays (two calls per replay) equal eager calls,
+    and eager calls after the replays still do."""
+    monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "1")
+    gen = torch.Generator().manual_seed(79 + b)
+    k, v = 7, 201088 if b == 1 else 32001
+    temps = [0.0, 0.7, 1.0, 1.3] * (b // 4) if b >= 4 else [0.7]
+    cases = [make_case([k] * b, v, gen, dtype=torch.bfloat16, temps=temps) for _ in range(3)]
+    static = {
+        key: (val.cuda().clone() if isinstance(val, torch.Tensor) else val)
+        for key, val in cases[0].items()
+    }
+    out = VerifyOutput(
+        torch.empty(b, k + 1, dtype=torch.int32, device="cuda"),
+        torch.empty(b, dtype=torch.int32, device="cuda"),
+        torch.empty(b, k, dtype=torch.bool, device="cuda"),
+    )
+
+    def call():
+        verify_chain(
+            static["target_logits"], static["draft_token_ids"], static["cu_num_draft_tokens"],
+            static["temperature"], static["seeds"], static["offsets"], out=out,
+        )  # fmt: skip
+
+    call()  # the counters exist before capture
+    torch.cuda.synchronize()
+    graph = capture_graph(lambda: (call(), call()))
+    for c in cases + cases[::-1]:
+        monkeypatch.delenv("PEAGLE_VERIFY_FUSED", raising=False)
+        want = run_op(c, "cuda")
+        monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "1")
+        for key, val in c.items():
+            if isinstance(val, torch.Tensor):
+                static[key].copy_(val)
+        poison_(out.output_token_ids)
+        poison_(out.num_accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(out, want, strict=True):
+            assert torch.equal(x.cpu(), y)
+        _assert_same(run_op(c, "cuda"), want)

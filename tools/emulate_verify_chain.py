@@ -8,7 +8,8 @@ the top-k candidate bound (k-th largest per-thread maximum of a split), row_filt
 bound, candidate collection (capacity, overflow fallback), the radix selections exactly as
 written (11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the
 candidate bound), decide_sample's acceptance chain and the two-level inverse-CDF sampling
-(fp64 tile masses from float32 per-thread sums, the tile and owner search with its fallbacks).
+(fp64 tile masses from float32 per-thread sums, the tile and owner search with its fallbacks),
+and the fused path's work queue (item mapping, ordering, an event simulation of its counters).
 MUFU.EX2 is modelled by float32 exp2 (its 2^-22 error is far inside the tests' slack).
 
 Each case is compared with the CPU op (torch.ops.peagle.verify_chain on CPU): rows may differ
@@ -558,6 +559,123 @@ class Emu:
 
 
 # ---------------------------------------------------------------------------------------------
+# the fused path's work queue (fused_kernel in csrc/cuda/verify_chain.cu)
+# ---------------------------------------------------------------------------------------------
+
+SAMPLE_CTAS_PER_SM = 3  # kSampleCtasPerSm: the fused path sizes nsample as decide_sample does
+
+
+def fused_plan(emu: Emu, per_sm: int = 4) -> dict:
+    """plan()'s fused fields: nsample (heuristics sample_ctas), total items, grid, lag."""
+    rows, reqs = max(emu.R, 1), max(emu.B, 1)
+    tiles = -(-emu.V // 2048)
+    nsample = int(min(max(1, (SAMPLE_CTAS_PER_SM * SMS) // reqs), tiles))
+    total = rows * emu.nsplit + reqs * nsample
+    grid = min(SMS * per_sm, total)
+    per_req = max(1, rows * emu.nsplit // reqs + nsample)
+    lag = int(min(max(1, -(-grid // per_req) + 1), reqs))
+    return {"nsample": nsample, "total": total, "grid": grid, "lag": lag}
+
+
+def fused_block_start(emu: Emu, fp: dict, r: int) -> int:
+    first_row = emu.span(r)[2] if r < emu.B else emu.R
+    return first_row * emu.nsplit + max(0, r - fp["lag"]) * fp["nsample"]
+
+
+def fused_item(emu: Emu, fp: dict, item: int) -> tuple:
+    """fused_item(): ("stats", r, row, split) or ("sample", r, g), with the kernel's search."""
+    tail = fused_block_start(emu, fp, emu.B)
+    if item >= tail:
+        k = item - tail
+        return ("sample", max(0, emu.B - fp["lag"]) + k // fp["nsample"], k % fp["nsample"])
+    lo, hi = 0, emu.B - 1
+    while lo < hi:
+        span = hi - lo
+        probes = [lo + ((lane + 1) * span + 31) // 32 for lane in range(32)]
+        ok = [fused_block_start(emu, fp, pr) <= item for pr in probes]
+        if not any(ok):
+            hi = probes[0] - 1
+        else:
+            last = max(i for i in range(32) if ok[i])
+            lo = probes[last]
+            if last < 31:
+                hi = probes[last + 1] - 1
+    first_draft, n_r, first_row = emu.span(lo)
+    local = item - fused_block_start(emu, fp, lo)
+    nstats = (n_r + 1) * emu.nsplit
+    if local < nstats:
+        return ("stats", lo, first_row + local // emu.nsplit, local % emu.nsplit)
+    return ("sample", lo - fp["lag"], local - nstats)
+
+
+def check_fused_schedule(emu: Emu, rng: np.random.Generator, grid: int | None = None) -> dict:
+    """The queue covers every (row, split) and every (request, g) once; a request's sampling
+    items follow all its stats items (deadlock freedom); an event simulation of `grid` CTAs
+    taking items in order, in random interleavings, the arrival counters, the decided flags
+    and their resets, finishes with every counter back at zero."""
+    fp = fused_plan(emu)
+    if grid is not None:
+        fp["grid"] = grid
+    items = [fused_item(emu, fp, i) for i in range(fp["total"])]
+    stats = sorted((it[2], it[3]) for it in items if it[0] == "stats")
+    assert stats == [(row, s) for row in range(emu.R) for s in range(emu.nsplit)], "stats items"
+    samp = sorted((it[1], it[2]) for it in items if it[0] == "sample")
+    assert samp == [(r, g) for r in range(emu.B) for g in range(fp["nsample"])], "sample items"
+    last_stats = {}
+    for i, it in enumerate(items):
+        if it[0] == "stats":
+            last_stats[it[1]] = i
+        else:
+            assert last_stats.get(it[1], -1) < i, f"sampling item {it} before a stats item"
+    # Event simulation (random = sampling requests; the op's decision itself is not needed).
+    random_req = [emu.real(r) and emu.temp[r] > 0 for r in range(emu.B)]
+    need = {r: (emu.span(r)[1] + 1) * emu.nsplit for r in range(emu.B)}
+    stats_arr = dict.fromkeys(range(emu.B), 0)
+    samp_arr = dict.fromkeys(range(emu.B), 0)
+    decided = dict.fromkeys(range(emu.B), 0)
+    nxt = 0
+    ctas = [[0, None] for _ in range(fp["grid"])]  # (items done, item held)
+    done_ctas = 0
+    while done_ctas < len(ctas):
+        progressed = False
+        for ci in rng.permutation(len(ctas)):  # a random interleaving per round
+            c = ctas[ci]
+            if c[1] == "exit":
+                continue
+            if c[1] is None:
+                c[1] = nxt
+                nxt += 1
+                if c[1] >= fp["total"]:
+                    c[1] = "exit"
+                    done_ctas += 1
+                    progressed = True
+                    continue
+            it = items[c[1]]
+            if it[0] == "stats":
+                c[0] += 1
+                stats_arr[it[1]] += 1
+                if stats_arr[it[1]] == need[it[1]]:
+                    stats_arr[it[1]] = 0
+                    if random_req[it[1]]:
+                        decided[it[1]] = 1
+                c[1] = None
+                progressed = True
+            elif not random_req[it[1]]:
+                c[1] = None
+                progressed = True
+            elif decided[it[1]]:
+                samp_arr[it[1]] += 1
+                if samp_arr[it[1]] == fp["nsample"]:
+                    samp_arr[it[1]] = 0
+                    decided[it[1]] = 0
+                c[1] = None
+                progressed = True
+        assert progressed, "fused queue deadlocked"
+    assert not any(stats_arr.values()) and not any(samp_arr.values()) and not any(decided.values())
+    return fp
+
+
+# ---------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------
 
@@ -604,6 +722,9 @@ def main() -> None:
             tile_threads=16 if small else THREADS,
         )  # fmt: skip
         out, acc = emu.run()
+        fp = None
+        if case["top_k"] is None and case["top_p"] is None:  # the fused path applies
+            fp = check_fused_schedule(emu, rng, grid=int(rng.choice([1, 3, 17, 528])))
         cpu = run_op(case, "cpu")
         ref = reference(case)
         differ = ~(
@@ -622,6 +743,7 @@ def main() -> None:
         print(
             f"case {case_i:3d}: B={b} V={v} {str(dtype)[6:]:9s} scale={scale:<5} kw={sorted(kw)} "
             f"splits={emu.nsplit}/{emu.nsample} near-tie diffs={int(differ.sum())}"
+            + (f" fused lag={fp['lag']} items={fp['total']} grid={fp['grid']}" if fp else "")
         )
     print(f"ok: {n_cases} cases, {total_rows} requests, {mismatches} near-tie differences, "
           f"filter paths {paths}")  # fmt: skip

@@ -29,11 +29,12 @@
 namespace peagle {
 namespace {
 
-constexpr int kChunk = 32;           // decide: rows evaluated at a time
+constexpr int kChunk = 32;                 // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
 constexpr int kSampleCtasPerSm = 3;        // decide_sample residency (its __launch_bounds__)
-constexpr int kMinStatsElems = 4096;   // row_stats / row_filter: at least this many per CTA
+constexpr int kFusedTilesInFlight = 2;     // fused_kernel's sampling items (64 registers)
+constexpr int kMinStatsElems = 4096;       // row_stats / row_filter: at least this many per CTA
 
 enum : int32_t { kModeDone = 0, kModeRecovered = 1, kModeBonus = 2 };
 
@@ -42,19 +43,6 @@ struct RowDistGpu {
   uint32_t key;  // kept iff score_key(s) >= key
   double z;
   int32_t first_max;
-};
-
-struct Decision {
-  int32_t mode;
-  int32_t accepted;
-  int32_t exclude;    // draft id excluded from the recovered token (no draft_probs), else -1
-  int32_t first_max;  // fallback when no candidate exists
-  int32_t last;       // kModeDone: the token after the accepted prefix
-  int64_t row;        // logits row to sample
-  int64_t q_row;      // draft_probs row for the residual, -1 without
-  float m;
-  float zf;
-  uint32_t key;
 };
 
 struct ReqSmem {  // per-request inputs, loaded before the wait on the previous kernel
@@ -118,7 +106,8 @@ __device__ void load_chunk(const VerifyChainParams& p, ReqSmem& rs, int32_t c0) 
   __syncthreads();
 }
 
-__device__ void load_request(const VerifyChainParams& p, int32_t r, ReqSmem& rs) {
+// The per-request scalars (thread 0), then a barrier. Whole CTA.
+__device__ void load_request_head(const VerifyChainParams& p, int32_t r, ReqSmem& rs) {
   if (threadIdx.x == 0) {
     const RequestSpan span = request_span(p.cu_num_draft_tokens, r, p.num_draft_tokens);
     rs.first_draft = span.first_draft;
@@ -134,6 +123,10 @@ __device__ void load_request(const VerifyChainParams& p, int32_t r, ReqSmem& rs)
     rs.offset = rs.real ? p.offsets[r] : 0;
   }
   __syncthreads();
+}
+
+__device__ void load_request(const VerifyChainParams& p, int32_t r, ReqSmem& rs) {
+  load_request_head(p, r, rs);
   if (rs.real) load_chunk(p, rs, 0);
 }
 
@@ -143,7 +136,7 @@ __device__ int32_t row_argmax_gpu(const Workspace& ws, int64_t row) {
   const int lane = threadIdx.x % kWarp;
   ArgMax a = argmax_none();
   for (int s = lane; s < ws.nsplit; s += kWarp) {
-    const RowPartial q = ws.parts[row * ws.nsplit + s];
+    const RowPartial q = load_part(ws.parts + row * ws.nsplit + s);
     a = argmax_merge(a, ArgMax{q.m, q.idx});
   }
   a = warp_argmax(a);
@@ -414,6 +407,11 @@ __device__ __forceinline__ bool arrive_last(const Workspace& ws, int32_t r, Samp
   if (threadIdx.x == 0) {
     __threadfence();
     ss.last = atomicAdd(ws.sample_arrivals + r, 1u) == static_cast<uint32_t>(ws.nsample - 1);
+    if (ss.last && ws.decided != nullptr) {
+      // Fused path: every sampling item of r has read its decision; leave the counters zeroed.
+      ws.sample_arrivals[r] = 0;
+      ws.decided[r] = 0;
+    }
   }
   __syncthreads();
   const bool last = ss.last;
@@ -498,7 +496,9 @@ __device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_
 }
 
 // This CTA's share of the sampled row; the last CTA of the request writes the token. Whole CTA.
-template <LogitsDtype D>
+// kInFlight (<= kTilesInFlight): tiles loaded together (register footprint only; the masses do not
+// depend on it).
+template <LogitsDtype D, int kInFlight = kTilesInFlight>
 __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, int32_t r,
                                const ReqSmem& rs, const Decision& dec, int split, SampleSmem& ss) {
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -551,18 +551,18 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   // reduced across each warp (fixed shuffle tree) and then over the warps in order.
   const int64_t ntiles = (static_cast<int64_t>(vocab) + kTileTokens - 1) / kTileTokens;
   double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
-  const int64_t stride = static_cast<int64_t>(nsample) * kTilesInFlight;
+  const int64_t stride = static_cast<int64_t>(nsample) * kInFlight;
   for (int64_t c0 = split; c0 < ntiles; c0 += stride) {
-    float x[kTilesInFlight][8];
+    float x[kInFlight][8];
 #pragma unroll
-    for (int i = 0; i < kTilesInFlight; ++i) {
+    for (int i = 0; i < kInFlight; ++i) {
       const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
       if (c < ntiles) {
         load_tokens<D>(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), x[i]);
       }
     }
 #pragma unroll
-    for (int i = 0; i < kTilesInFlight; ++i) {
+    for (int i = 0; i < kInFlight; ++i) {
       const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
       double run = 0.0;
       if (c < ntiles) {
@@ -578,7 +578,7 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
       if (lane == 0) ss.tile_part[warp][i] = run;
     }
     __syncthreads();
-    if (threadIdx.x < kTilesInFlight) {
+    if (threadIdx.x < kInFlight) {
       const int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * nsample;
       if (c < ntiles) {
         double tot = 0.0;
@@ -591,7 +591,6 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   }
   if (arrive_last(ws, r, ss)) cdf_pick<D>(p, ws, r, rs, dec, sr, ss);
 }
-
 
 template <LogitsDtype D>
 __global__ void __launch_bounds__(kThreads, kSampleCtasPerSm)
@@ -627,6 +626,229 @@ __global__ void __launch_bounds__(kThreads, kSampleCtasPerSm)
   if (!waited) pdl_wait();
 }
 
+// ---- fused path: one kernel, a work queue ------------------------------------------------------
+//
+// Without top-k/top-p, the op can run as ONE kernel of resident CTAs that take work items from a
+// global counter in order:
+//   * stats item (row, split): row_stats' work for one split of one row (stats_item, the same
+//     code, so the same bits); the CTA that completes a request's last stats item (arrival
+//     counter) evaluates its acceptance chain (decide, the same code) and writes the outputs;
+//     a random request's decision is published for its sampling items (decided[r], release);
+//   * sampling item (r, g), g < nsample: decide_sample's CTA `g` of request r (sample_request,
+//     the same code): it waits for decided[r] (acquire), computes its tile masses, and the last
+//     of the request's items draws the token (cdf_pick).
+// The items of request r sit in the queue after the stats items of request r + lag, so its
+// decision is usually ready when they are fetched and most of its sampled row is still in L2;
+// the last `lag` requests' sampling items come after all stats items. Results equal the
+// unfused path bit for bit: every value is computed by the same code on the same inputs (tile
+// masses and the final draw do not depend on which CTA computes them).
+//
+// Deadlock freedom: an item is fetched only by a running CTA, and a CTA fetches its next item
+// only after finishing the current one. Stats items never wait; a sampling item waits only for
+// stats items of its request, which all have lower queue indices, hence were fetched earlier by
+// running CTAs. By induction on the lowest unfinished index, every item finishes.
+//
+// Graph safety: the counters (next_item, exited, stats_arrivals[B], sample_arrivals[B],
+// decided[B]) are persistent and zero on entry; the last user of each resets it (the deciding
+// CTA: stats_arrivals[r]; the last sampling item: sample_arrivals[r] and decided[r]; the last
+// CTA to exit: next_item and exited), so they are zero again when the kernel completes. No host
+// synchronisation, any number of launches and replays. Two launches must not overlap in time on
+// one device (they share the counters): calls on one stream (or one graph) are serialised.
+
+struct FusedItem {
+  int32_t kind;  // 0 stats, 1 sampling
+  int32_t r;     // request
+  int64_t row;   // stats: logits row
+  int32_t part;  // stats: split; sampling: g
+};
+
+// First queue index of block r (r in [0, B]): the stats items of requests < r and the sampling
+// items of requests < r - lag.
+__device__ __forceinline__ int64_t fused_block_start(const VerifyChainParams& p,
+                                                     const Workspace& ws, int32_t r) {
+  const int64_t first_row =
+      r < p.num_reqs ? request_span(p.cu_num_draft_tokens, r, p.num_draft_tokens).first_row
+                     : p.num_rows;
+  const int64_t sampled = r - ws.lag > 0 ? static_cast<int64_t>(r - ws.lag) : 0;
+  return first_row * ws.nsplit + sampled * ws.nsample;
+}
+
+// The work item at queue index `item` (< total_items). Whole warp, uniform result. Block r holds
+// the (n_r + 1) * nsplit stats items of request r (row-major: split fastest, as row_stats' grid),
+// then the nsample sampling items of request r - lag (r >= lag); after block B - 1 come the
+// sampling items of requests max(0, B - lag) .. B - 1.
+__device__ FusedItem fused_item(const VerifyChainParams& p, const Workspace& ws, int64_t item) {
+  const int lane = threadIdx.x % kWarp;
+  FusedItem it;
+  const int64_t tail = fused_block_start(p, ws, p.num_reqs);
+  if (item >= tail) {
+    const int64_t k = item - tail;
+    const int32_t r0 = p.num_reqs - ws.lag > 0 ? p.num_reqs - ws.lag : 0;
+    it.kind = 1;
+    it.r = r0 + static_cast<int32_t>(k / ws.nsample);
+    it.part = static_cast<int32_t>(k % ws.nsample);
+    it.row = -1;
+    return it;
+  }
+  // The largest r with start(r) <= item (32-ary search, as request_of_row_warp).
+  int32_t lo = 0, hi = p.num_reqs - 1;
+  while (lo < hi) {
+    const int64_t span = static_cast<int64_t>(hi) - lo;
+    const int32_t probe = lo + static_cast<int32_t>(((lane + 1) * span + kWarp - 1) / kWarp);
+    const bool ok = fused_block_start(p, ws, probe) <= item;
+    const uint32_t m = __ballot_sync(0xffffffffu, ok);
+    if (m == 0) {
+      hi = __shfl_sync(0xffffffffu, probe, 0) - 1;
+    } else {
+      const int last = 31 - __clz(static_cast<int>(m));
+      const int32_t p_last = __shfl_sync(0xffffffffu, probe, last);
+      const int32_t p_next = __shfl_sync(0xffffffffu, probe, last < 31 ? last + 1 : 31);
+      lo = p_last;
+      if (last < 31) hi = p_next - 1;
+    }
+  }
+  const RequestSpan span = request_span(p.cu_num_draft_tokens, lo, p.num_draft_tokens);
+  const int64_t local = item - fused_block_start(p, ws, lo);
+  const int64_t nstats = (static_cast<int64_t>(span.num_drafts) + 1) * ws.nsplit;
+  if (local < nstats) {
+    it.kind = 0;
+    it.r = lo;
+    it.row = span.first_row + local / ws.nsplit;
+    it.part = static_cast<int32_t>(local % ws.nsplit);
+  } else {
+    it.kind = 1;
+    it.r = lo - ws.lag;
+    it.part = static_cast<int32_t>(local - nstats);
+    it.row = -1;
+  }
+  return it;
+}
+
+struct DecideAll {
+  ReqSmem rs;
+  DecideSmem ds;
+  SampleSmem ss;
+};
+
+// The deciding CTA of request r (it completed r's last stats item). Whole CTA.
+__device__ __noinline__ void fused_decide(const VerifyChainParams& p, const Workspace& ws,
+                                          int32_t r, DecideAll& sm) {
+  load_request(p, r, sm.rs);
+  if (!sm.rs.real) {
+    Decision inert;
+    inert.mode = kModeDone;
+    inert.accepted = 0;
+    inert.last = kPlaceholderTokenId;
+    write_outputs(p, r, false, inert);
+    return;
+  }
+  decide(p, ws, r, sm.rs, sm.ds);
+  const Decision dec = sm.ds.dec;
+  write_outputs(p, r, true, dec);
+  if (!sm.rs.greedy && threadIdx.x == 0) {
+    ws.decisions[r] = dec;
+    __threadfence();
+    atomicExch(ws.decided + r, dec.mode == kModeDone ? 2u : 1u);
+  }
+}
+
+__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* ptr) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// Sampling item g of request r. Whole CTA.
+template <LogitsDtype D>
+__device__ __noinline__ void fused_sample(const VerifyChainParams& p, const Workspace& ws,
+                                          int32_t r, int g, DecideAll& sm) {
+  load_request_head(p, r, sm.rs);
+  if (!sm.rs.real || sm.rs.greedy) return;  // nothing is sampled for this request
+  __shared__ Decision s_dec;
+  __shared__ uint32_t s_state;
+  if (threadIdx.x == 0) {
+    uint32_t st;
+    while ((st = ld_acquire_u32(ws.decided + r)) == 0) __nanosleep(128);
+    s_state = st;
+    const Decision* d = ws.decisions + r;
+    Decision dec;
+    dec.mode = __ldcg(&d->mode);
+    dec.accepted = __ldcg(&d->accepted);
+    dec.exclude = __ldcg(&d->exclude);
+    dec.first_max = __ldcg(&d->first_max);
+    dec.last = __ldcg(&d->last);
+    dec.key = __ldcg(&d->key);
+    dec.row = __ldcg(reinterpret_cast<const long long*>(&d->row));
+    dec.q_row = __ldcg(reinterpret_cast<const long long*>(&d->q_row));
+    dec.m = __ldcg(&d->m);
+    dec.zf = __ldcg(&d->zf);
+    s_dec = dec;
+  }
+  __syncthreads();
+  const Decision dec = s_dec;
+  if (s_state == 2u) {  // a random request with nothing to sample (given bonus id): just arrive
+    if (threadIdx.x == 0 &&
+        atomicAdd(ws.sample_arrivals + r, 1u) == static_cast<uint32_t>(ws.nsample - 1)) {
+      ws.sample_arrivals[r] = 0;
+      ws.decided[r] = 0;
+    }
+    __syncthreads();
+    return;
+  }
+  sample_request<D, kFusedTilesInFlight>(p, ws, r, sm.rs, dec, g, sm.ss);
+}
+
+template <LogitsDtype D>
+__global__ void __launch_bounds__(kThreads, 4)
+    fused_kernel(const VerifyChainParams p, const Workspace ws) {
+  __shared__ union {
+    StatsSmem st;
+    DecideAll dc;
+  } sm;
+  __shared__ FusedItem s_item;
+  __shared__ int32_t s_last;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (;;) {
+    __shared__ unsigned long long s_index;
+    if (threadIdx.x == 0) s_index = atomicAdd(ws.next_item, 1ull);
+    __syncthreads();
+    const int64_t index = static_cast<int64_t>(s_index);
+    if (index >= ws.total_items) break;  // uniform
+    if (warp == 0) {
+      const FusedItem it = fused_item(p, ws, index);
+      if (lane == 0) s_item = it;
+    }
+    __syncthreads();
+    const FusedItem it = s_item;
+    if (it.kind == 0) {
+      stats_item<D>(p, ws, it.row, it.part, sm.st);
+      if (threadIdx.x == 0) {
+        const RequestSpan span = request_span(p.cu_num_draft_tokens, it.r, p.num_draft_tokens);
+        const uint32_t need = static_cast<uint32_t>((span.num_drafts + 1) * ws.nsplit);
+        __threadfence();  // this item's partial before the arrival
+        const bool last = atomicAdd(ws.stats_arrivals + it.r, 1u) == need - 1;
+        if (last) {
+          ws.stats_arrivals[it.r] = 0;  // every stats item of r has arrived
+          __threadfence();
+        }
+        s_last = last;
+      }
+      __syncthreads();
+      if (s_last) fused_decide(p, ws, it.r, sm.dc);
+    } else {
+      fused_sample<D>(p, ws, it.r, it.part, sm.dc);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();                                  // this CTA's last fetch before its exit count
+    if (atomicAdd(ws.exited, 1u) == gridDim.x - 1) {  // every CTA is past its last fetch
+      atomicExch(ws.next_item, 0ull);
+      atomicExch(ws.exited, 0u);
+    }
+  }
+}
+
 // ---- launch
 // --------------------------------------------------------------------------------------
 
@@ -639,7 +861,42 @@ struct Layout {
   size_t off_parts = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
+  // Fused path (fused_kernel): one kernel over a work queue, persistent counters.
+  bool fused = false;
+  int32_t lag = 0;
+  int64_t total_items = 0;
+  int32_t grid = 0;  // resident CTAs
+  size_t off_decisions = 0;
 };
+
+// Counter words of the fused path: next_item (2 words), exited, pad, then stats_arrivals[B],
+// sample_arrivals[B], decided[B].
+constexpr int64_t kCounterHeaderWords = 4;
+inline int64_t counter_words(int64_t reqs) {
+  return kCounterHeaderWords + 3 * reqs;
+}
+
+// PEAGLE_VERIFY_FUSED=1 selects the one-kernel path where it applies (read at every call, so at
+// graph capture); anything else (the default): the 2-3 kernel path. Both give the same bits.
+inline bool fused_requested() {
+  const char* v = std::getenv("PEAGLE_VERIFY_FUSED");
+  return v != nullptr && v[0] == '1';
+}
+
+template <LogitsDtype D>
+int32_t fused_ctas_per_sm() {
+  static const int32_t n = [] {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fused_kernel<D>, kThreads, 0) !=
+            cudaSuccess ||
+        blocks <= 0) {
+      (void)cudaGetLastError();
+      blocks = 1;
+    }
+    return blocks;
+  }();
+  return n;
+}
 
 __host__ __device__ inline size_t align_up(size_t x) {
   return (x + 255) & ~size_t(255);
@@ -655,6 +912,25 @@ Layout plan(const VerifyChainParams& p) {
   l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
   l.nsample = h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
+  l.fused = !l.filter && p.num_reqs > 0 && fused_requested();
+  if (l.fused) {
+    int32_t per_sm = 4;
+    switch (p.logits_dtype) {
+      case LogitsDtype::kBFloat16:
+        per_sm = fused_ctas_per_sm<LogitsDtype::kBFloat16>();
+        break;
+      case LogitsDtype::kFloat16:
+        per_sm = fused_ctas_per_sm<LogitsDtype::kFloat16>();
+        break;
+      default:
+        per_sm = fused_ctas_per_sm<LogitsDtype::kFloat32>();
+    }
+    const int64_t resident = sms * per_sm;
+    l.nsample = h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);  // as the unfused path
+    l.total_items = rows * l.nsplit + reqs * l.nsample;
+    l.grid = static_cast<int32_t>(resident < l.total_items ? resident : l.total_items);
+    l.lag = h::fused_lag(l.grid, rows * l.nsplit / reqs + l.nsample, reqs);
+  }
   l.cand_cap = h::candidate_cap(static_cast<int64_t>(kCandPoolBytes / sizeof(uint32_t)), rows,
                                 kCandCap, kMinCandCap);
   size_t off = 0;
@@ -666,6 +942,8 @@ Layout plan(const VerifyChainParams& p) {
   off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(reqs));
   l.off_samples = off;
   off = align_up(off + sizeof(ArgMax) * static_cast<size_t>(reqs) * l.nsample);
+  l.off_decisions = off;
+  if (l.fused) off = align_up(off + sizeof(Decision) * static_cast<size_t>(reqs));
   if (l.filter) {
     l.off_stats = off;
     off = align_up(off + sizeof(RowStats) * static_cast<size_t>(rows));
@@ -682,7 +960,7 @@ Layout plan(const VerifyChainParams& p) {
 
 template <LogitsDtype D>
 cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base,
-                         cudaStream_t stream) {
+                         uint32_t* counters, cudaStream_t stream) {
   Workspace ws;
   ws.parts = reinterpret_cast<RowPartial*>(base + l.off_parts);
   ws.tile_mass = reinterpret_cast<double*>(base + l.off_tile_mass);
@@ -697,14 +975,34 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.nsplit = l.nsplit;
   ws.nsample = l.nsample;
   ws.cand_cap = l.cand_cap;
+  ws.next_item = nullptr;
+  ws.exited = nullptr;
+  ws.stats_arrivals = nullptr;
+  ws.decided = nullptr;
+  ws.decisions = nullptr;
+  ws.total_items = 0;
+  ws.lag = 0;
+  if (l.fused && counters != nullptr) {
+    const int64_t b = p.num_reqs;
+    ws.next_item = reinterpret_cast<unsigned long long*>(counters);
+    ws.exited = counters + 2;
+    ws.stats_arrivals = counters + kCounterHeaderWords;
+    ws.sample_arrivals = counters + kCounterHeaderWords + b;  // persistent, not the per-call one
+    ws.decided = counters + kCounterHeaderWords + 2 * b;
+    ws.decisions = reinterpret_cast<Decision*>(base + l.off_decisions);
+    ws.total_items = l.total_items;
+    ws.lag = l.lag;
+    fused_kernel<D><<<dim3(static_cast<unsigned>(l.grid)), kThreads, 0, stream>>>(p, ws);
+    return cudaGetLastError();
+  }
   const unsigned grid_rows = static_cast<unsigned>(p.num_rows < kMaxGridY ? p.num_rows : kMaxGridY);
   const unsigned grid_reqs = static_cast<unsigned>(p.num_reqs < kMaxGridY ? p.num_reqs : kMaxGridY);
   row_stats_kernel<D><<<dim3(l.nsplit, grid_rows), kThreads, 0, stream>>>(p, ws);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (l.filter) {
-    err = launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0, stream,
-                     p, ws);
+    err = launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0, stream, p,
+                     ws);
     if (err != cudaSuccess) return err;
   }
   return launch_pdl(decide_sample_kernel<D>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0, stream,
@@ -717,18 +1015,28 @@ size_t verify_chain_workspace_bytes(const VerifyChainParams& p) {
   return plan(p).total;
 }
 
-cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, cudaStream_t stream) {
+size_t verify_chain_counter_words(const VerifyChainParams& p) {
+  const Layout l = plan(p);
+  return l.fused ? static_cast<size_t>(counter_words(p.num_reqs)) : 0;
+}
+
+cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uint32_t* counters,
+                                cudaStream_t stream) {
   if (p.num_reqs <= 0) return cudaSuccess;
   const Layout l = plan(p);
   char* ws = static_cast<char*>(workspace);
   switch (p.logits_dtype) {
     case LogitsDtype::kBFloat16:
-      return launch_typed<LogitsDtype::kBFloat16>(p, l, ws, stream);
+      return launch_typed<LogitsDtype::kBFloat16>(p, l, ws, counters, stream);
     case LogitsDtype::kFloat16:
-      return launch_typed<LogitsDtype::kFloat16>(p, l, ws, stream);
+      return launch_typed<LogitsDtype::kFloat16>(p, l, ws, counters, stream);
     default:
-      return launch_typed<LogitsDtype::kFloat32>(p, l, ws, stream);
+      return launch_typed<LogitsDtype::kFloat32>(p, l, ws, counters, stream);
   }
+}
+
+cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, cudaStream_t stream) {
+  return launch_verify_chain(p, workspace, nullptr, stream);
 }
 
 }  // namespace peagle

@@ -42,9 +42,26 @@ struct RowStats {  // row_filter output for rows with top-k / top-p
   int32_t pad[3];
 };
 
-// Scratch of one call. Counters are zeroed by row_stats (the first kernel) and consumed by the
-// later kernels, which read them only after griddepcontrol.wait, so the per-call workspace from
-// the caching allocator never needs a memset.
+// The outcome of a request's acceptance chain (decide_sample; the fused kernel's deciding CTA
+// publishes it for the sampling items of the request).
+struct Decision {
+  int32_t mode;
+  int32_t accepted;
+  int32_t exclude;    // draft id excluded from the recovered token (no draft_probs), else -1
+  int32_t first_max;  // fallback when no candidate exists
+  int32_t last;       // kModeDone: the token after the accepted prefix
+  uint32_t key;
+  int64_t row;    // logits row to sample
+  int64_t q_row;  // draft_probs row for the residual, -1 without
+  float m;
+  float zf;
+};
+
+// Scratch of one call. Unfused path: counters are zeroed by row_stats (the first kernel) and
+// consumed by the later kernels, which read them only after griddepcontrol.wait, so the per-call
+// workspace from the caching allocator never needs a memset. Fused path (one kernel): the
+// counters live in a persistent buffer the glue zeroes once; the kernel leaves them zeroed (each
+// is reset by the last CTA that uses it), so every launch and every graph replay finds zeros.
 struct Workspace {
   RowPartial* parts;          // [R, nsplit]
   RowStats* stats;            // [R] (filtering only)
@@ -55,10 +72,30 @@ struct Workspace {
   ArgMax* samples;            // [B, nsample]: partial exponential-race argmax per sampling CTA
   double* tile_mass;          // [B, tiles_per_req]: inverse-CDF tile masses of the sampled row
   int64_t tiles_per_req;
-  int32_t nsplit;             // CTAs per row in row_stats / row_filter
-  int32_t nsample;            // CTAs per request in decide_sample
-  int32_t cand_cap;           // candidate keys per row (else the radix fallback)
+  int32_t nsplit;    // CTAs per row in row_stats / row_filter
+  int32_t nsample;   // CTAs per request in decide_sample
+  int32_t cand_cap;  // candidate keys per row (else the radix fallback)
+  // Fused path only (null / 0 otherwise).
+  unsigned long long* next_item;  // persistent: work items handed out so far
+  uint32_t* exited;               // persistent: CTAs past their last item
+  uint32_t* stats_arrivals;       // persistent [B]: stats items done per request
+  uint32_t* decided;              // persistent [B]: 0 pending, 1 sample, 2 nothing to sample
+  Decision* decisions;            // per call [B]
+  int64_t total_items;            // stats items + sampling items
+  int32_t lag;                    // sampling items of request r follow the stats items of r + lag
 };
+
+// A logits-row partial written by another CTA of the same kernel (fused path) or by an earlier
+// kernel: read through L2 (never a stale L1 line). Same bits as a plain load.
+__device__ __forceinline__ RowPartial load_part(const RowPartial* ptr) {
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(ptr));
+  RowPartial q;
+  q.m = v.x;
+  q.z = v.y;
+  q.idx = __float_as_int(v.z);
+  q.bound = v.w;
+  return q;
+}
 
 // ---- programmatic dependent launch (sm_90+) --------------------------------------------------
 
@@ -296,7 +333,7 @@ __device__ __forceinline__ RowMerge warp_merge_row(const RowPartial* parts, int 
   Mzi a{-INFINITY, 0.0f, -1};
   float bound = -INFINITY;
   for (int s = lane; s < nsplit; s += kWarp) {
-    const RowPartial q = parts[row * nsplit + s];
+    const RowPartial q = load_part(parts + row * nsplit + s);
     a = merge_mzi(a, Mzi{q.m, q.z, q.idx});
     bound = fmaxf(bound, q.bound);
   }

@@ -29,6 +29,17 @@ inline int32_t sample_ctas(int64_t sms, int64_t ctas_per_sm, int64_t reqs, int64
   return static_cast<int32_t>(clamp_splits((ctas_per_sm * sms) / reqs, tiles));
 }
 
+// Fused path: the sampling items of request r follow the stats items of request r + lag. The
+// queue runs about `grid` items (one per resident CTA) ahead of completion, so r's decision is
+// usually ready once about `grid` items have been handed out after r's stats items:
+// lag = ceil(grid / items per request) + 1, at most B.
+//   B=64, 528 resident CTAs, 8 rows * 3 splits + 6 sampling items = 30 per request -> 19;
+//   B=1 -> 1 (the sampling items follow every stats item).
+inline int32_t fused_lag(int64_t grid, int64_t items_per_req, int64_t reqs) {
+  if (items_per_req < 1) items_per_req = 1;
+  return static_cast<int32_t>(clamp_splits((grid + items_per_req - 1) / items_per_req + 1, reqs));
+}
+
 // Candidate keys kept per row by the top-k/top-p filter: `cap` while the rows fit in a pool of
 // `pool_keys` keys, fewer beyond (at least `min_cap`), so the workspace stays bounded; a row with
 // more candidates takes the radix fallback.

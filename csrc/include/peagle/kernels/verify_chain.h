@@ -210,5 +210,14 @@ size_t verify_chain_workspace_bytes(const VerifyChainParams& p);
 // The whole op on `stream`: no host synchronisation, graph-capturable; `workspace` must hold
 // verify_chain_workspace_bytes(p) bytes (contents on entry are irrelevant).
 cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, cudaStream_t stream);
+// 32-bit words of persistent counters the one-kernel (fused) path needs for these params, 0 when
+// the plan does not select it (top-k/top-p given, or PEAGLE_VERIFY_FUSED not set to 1). The
+// counters must be zero before the first launch; every launch leaves them zero. Launches that
+// share counters must not overlap in time (one stream or one graph).
+size_t verify_chain_counter_words(const VerifyChainParams& p);
+// As above; `counters` (verify_chain_counter_words(p) words, or null: the unfused path) selects
+// the fused path where the plan allows it. Both paths give bit-identical results.
+cudaError_t launch_verify_chain(const VerifyChainParams& p, void* workspace, uint32_t* counters,
+                                cudaStream_t stream);
 }  // namespace peagle
 #endif

@@ -1,0 +1,56 @@
+"""Quick H200 timing of peagle.verify_chain alone (no peers), the issue-21 cases.
+
+Same inputs and method as ``peagle bench ops verify`` (CUDA graph of N calls, replay / N, median
+of 100 replays, rotating input sets for a cold L2), but only peagle, so one run takes seconds.
+Prints one line per case, then a JSON dict of medians (µs).
+
+    python3 tools/time_verify.py                 # the five issue-21 cases
+    python3 tools/time_verify.py --reps 2        # each case twice (same-variant spread)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from peagle.bench.timing import bench_graph, l2_rotation_sets
+from peagle.bench.verify_chain import Peagle, make_set
+
+CASES = [
+    (64, 201088, "greedy", 0.0, None),
+    (64, 201088, "T=0.7", 0.7, None),
+    (64, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
+    (1, 201088, "greedy", 0.0, None),
+    (1, 201088, "T=0.7", 0.7, None),
+    (1, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
+    (8, 201088, "T=0.7", 0.7, None),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--replays", type=int, default=100)
+    args = ap.parse_args()
+    res: dict[str, list[float]] = {}
+    for _ in range(args.reps):
+        for b, v, mode, temp, top in CASES:
+            logit_bytes = b * 8 * v * 2
+            n_sets = l2_rotation_sets(logit_bytes)
+            sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
+            pe = Peagle(b)
+            calls = 10 if b * v < 64 * 151936 else 5
+            t = bench_graph(lambda i, pe=pe, sets=sets: pe(sets[i % len(sets)]), calls,
+                            args.replays)  # fmt: skip
+            name = f"B={b},{mode}"
+            res.setdefault(name, []).append(round(t, 2))
+            print(f"{name:32s} {t:8.2f} us  {logit_bytes / t / 1e3:6.0f} GB/s", flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
