@@ -4,10 +4,11 @@
 // resident clusters: the merge-kernel plans); on the GPU it prints the real plans, the cluster
 // merge included (cluster CxN: N clusters of C CTAs per tile; wsp: workspace partial slots; cnt:
 // arrival counters). Build it against two commits and diff the outputs to show a change leaves a
-// launch configuration as it was (docs/testing.md).
+// launch configuration as it was (docs/testing.md). PEAGLE_ATTN_MERGE=cluster prints the cluster
+// merge's plans.
 //
-//   nvcc -std=c++17 -O1 -arch=sm_90a -Icsrc/include -x cu tools/paged_attention_plans.cpp \
-//        csrc/cuda/paged_attention.cu -o /tmp/plans && /tmp/plans
+//   nvcc -std=c++17 -O1 --expt-relaxed-constexpr -arch=sm_90a -Icsrc/include -x cu \
+//        tools/paged_attention_plans.cpp csrc/cuda/paged_attention.cu -o /tmp/plans && /tmp/plans
 #include <cstdio>
 
 #include "peagle/kernels/paged_attention.h"

@@ -198,14 +198,15 @@ def attention_cases() -> None:
                 assert torch.isfinite(out[: q_len - 3].float()).all(), (impl, q_len, d, num_splits)
                 assert not torch.isfinite(out[q_len - 3 :].float()).all(-1).any()
     os.environ.pop("PEAGLE_ATTN_IMPL", None)
-    # The separate merge kernel (PEAGLE_ATTN_MERGE=kernel) on a split case.
+    # Both split merges on a split case: the merge kernel (default) and the cluster merge.
     os.environ["PEAGLE_ATTN_MERGE"] = "kernel"
     pb = make_problem(g, [14], [6000], 32, 8, 128, 16, torch.bfloat16, "cuda")
     args = (pb.query, pb.key_cache, pb.value_cache, pb.block_table, pb.query_start_loc,
             pb.seq_lens)  # fmt: skip
     out_k = ops.paged_attention(*args, max_query_len=14, num_splits=24)
-    os.environ.pop("PEAGLE_ATTN_MERGE")
+    os.environ["PEAGLE_ATTN_MERGE"] = "cluster"  # the opt-in in-kernel merge
     out_c = ops.paged_attention(*args, max_query_len=14, num_splits=24)
+    os.environ.pop("PEAGLE_ATTN_MERGE")
     torch.cuda.synchronize()
     assert (out_k.float() - out_c.float()).abs().max().item() < 0.02
 

@@ -13,11 +13,11 @@
 //     number of splits is decided ON THE DEVICE per (request, tile) from seq_lens (split_count),
 //     capped by a host bound computed from B, Hkv, the query-tile count and the SM count only.
 //     num_splits > 0 fixes it instead. A tile with a single split writes the output directly.
-//     Several splits are merged either inside this kernel (sm_90+, PagedAttentionPlan::cluster >
-//     1: the splits run as thread-block clusters that merge through distributed shared memory,
-//     clusters of one tile through per-slice arrival counters; see cluster_merge_tile) or, with
-//     PEAGLE_ATTN_MERGE=kernel and where clusters are unavailable, by writing fp32 partials
-//     (o, lse) to a workspace that a merge kernel (programmatic dependent launch) combines.
+//     Several splits are merged by writing fp32 partials (o, lse) to a workspace that a merge
+//     kernel (programmatic dependent launch) combines (the default), or, opt-in with
+//     PEAGLE_ATTN_MERGE=cluster on sm_90+, inside this kernel (PagedAttentionPlan::cluster > 1:
+//     the splits run as thread-block clusters that merge through distributed shared memory,
+//     clusters of one tile through per-slice arrival counters; see cluster_merge_tile).
 // Per CTA: Q tile -> registers (ldmatrix), K/V tiles streamed through a kStages-deep cp.async
 // ring (each page read once per KV head; the block ids of the next tile are fetched one
 // iteration ahead; keys outside [lo_min, hi_max], past the table's capacity or behind an invalid
@@ -1189,12 +1189,13 @@ void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPla
   }
 }
 
-// PEAGLE_ATTN_MERGE (benchmarks/tests, read at every call, so at graph capture): "kernel" keeps
-// the separate merge kernel; unset, "auto" or "cluster": the in-kernel cluster merge on sm_90+.
+// PEAGLE_ATTN_MERGE (benchmarks/tests, read at every call, so at graph capture): "cluster" selects
+// the in-kernel cluster merge on sm_90+; anything else (the default) the separate merge kernel,
+// which measured faster on the H200 at every split shape (docs/results.md, cluster merge).
 bool cluster_merge_allowed(const PagedAttentionParams& p) {
   if (p.merge_mode == 1 || p.arch < 90) return false;
   const char* env = std::getenv("PEAGLE_ATTN_MERGE");
-  return env == nullptr || std::strstr(env, "kernel") == nullptr;
+  return env != nullptr && std::strstr(env, "cluster") != nullptr;
 }
 
 // Cluster merge for a plan with max_splits > 1 (sm_90+): the cluster size and the clusters per

@@ -68,8 +68,9 @@ struct PagedAttentionParams {
   int32_t max_splits = 1;
   int32_t num_sms = 0;
   int32_t arch = 0;
-  // 0: the plan picks the split merge (in-kernel cluster merge where available); 1: always the
-  // separate merge kernel (also PEAGLE_ATTN_MERGE=kernel). Never changes which keys a row sees.
+  // 0: the plan picks the split merge (the merge kernel unless PEAGLE_ATTN_MERGE=cluster selects
+  // the in-kernel cluster merge on sm_90+); 1: always the merge kernel. Never changes which keys a
+  // row sees.
   int32_t merge_mode = 0;
 };
 
