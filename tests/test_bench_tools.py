@@ -226,3 +226,61 @@ def test_tune_run_prints_its_tables_once(tmp_path, capsys):
                "--methods", "none", "peagle"])  # fmt: skip
     assert rc == 0
     assert capsys.readouterr().out.count("no speculation:") == 1
+
+
+def test_ab_compare_reads_graph_rows_not_eager(tmp_path):
+    # The verify family records a graph and an eager row per case; the eager one (later in the
+    # file) once replaced the graph median in the A/B ratio.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "ab_compare.py"
+    spec = importlib.util.spec_from_file_location("ab_compare", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    for side, graph_us, eager_us in (("old", 10.0, 30.0), ("new", 12.0, 31.0)):
+        rows = [
+            {"case": "c", "impl": "peagle", "median_us": graph_us, "mode": "graph"},
+            {"case": "c", "impl": "vllm-multiop", "median_us": 99.0, "mode": "graph"},
+            {"case": "c", "impl": "peagle", "median_us": eager_us, "mode": "eager"},
+        ]
+        (tmp_path / f"ab-verify-{side}1.json").write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "cmp.json"
+    assert ab.main([str(tmp_path), "--json", str(out), "--command", "x"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["command"] == "x"
+    assert [r["new_over_old"] for r in rec["rows"]] == [1.2]
+
+
+def test_flashinfer_report_sums_the_sampling_path_and_flags_failed_checks():
+    from peagle.bench import flashinfer_report
+
+    def row(case, impl, us, p=None):
+        return {"case": case, "impl": impl, "median_us": us, "mode": "graph", "chi2_p": p}
+
+    d = {"flashinfer": {"version": "9.9", "errors": {}}, "rows": [
+        row("greedy", "peagle", 5.0),  # no FlashInfer row: not a random case, left out
+        row("tk", "peagle", 10.0, 0.5), row("tk", "flashinfer-chain", 30.0, 0.2),
+        row("tk", "flashinfer-bonus-tktp", 20.0, 1e-5),
+    ]}  # fmt: skip
+    text = "\n".join(flashinfer_report.verify_section(d))
+    assert "| tk | 10.0 | 0.5 | 30.0 | 0.2 | 20.0 | 1e-05 **fails** | 50.0 | 5.0x |" in text
+    assert "greedy" not in text
+
+
+def test_flashinfer_report_picks_the_fastest_backend_and_lists_errors():
+    from peagle.bench import flashinfer_report
+
+    rows = [{"case": "a", "impl": "peagle", "median_us": 10.0},
+            {"case": "a", "impl": "flashinfer-xqa", "median_us": 8.0},
+            {"case": "a", "impl": "flashinfer-fa3", "median_us": 20.0},
+            {"case": "b", "impl": "peagle", "median_us": 10.0},
+            {"case": "b", "impl": "flashinfer-fa3", "median_us": 15.0}]  # fmt: skip
+    d = {"commit": "c", "flashinfer": {"version": "9.9", "errors": {"a": {"flashinfer-fa2": "E"}}},
+         "rows": rows}  # fmt: skip
+    ab = {"rows": [{"family": "attention", "case": "a", "old_us": [7.5, 7.0]}]}
+    text = "\n".join(flashinfer_report.attention_section(d, ab))
+    assert "| a | xqa | 8.0 | 10.0 | 0.80x | 7.0 (1.14x) |" in text
+    assert "| b | fa3 | 15.0 | 10.0 | 1.50x | — |" in text
+    assert "at 1 of 2 cases in the same run; its default path (A/B file) at 1 of 1." in text
+    assert "* `flashinfer-fa2`: E" in text

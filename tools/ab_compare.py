@@ -3,10 +3,11 @@
     python3 tools/ab_compare.py DIR [DIR ...] [--json OUT] [--old-commit C] [--new-commit C]
 
 DIR holds `ab-<family>-<old|new><rep>.json` (the unpacked `ab.tgz`; several DIRs are merged, e.g.
-two calls of one reservation). For every case of the kernel families (peagle's rows only) it prints
-the old and new medians of each repeat, new/old of the best of each side, and the same-variant
-spread (largest relative difference between two repeats of one side, PERF.md §4): a ratio within
-the spread is no change. e2e rows compare tokens/s, acceptance length and the outputs' hash.
+two calls of one reservation). For every case of the kernel families (peagle's graph-mode rows
+only) it prints the old and new medians of each repeat, new/old of the best of each side, and the
+same-variant spread (largest relative difference between two repeats of one side, PERF.md §4): a
+ratio within the spread is no change. e2e rows compare tokens/s, acceptance length and the
+outputs' hash.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def load(dirs: list[Path]) -> dict[str, dict[str, list[dict]]]:
 
 
 def kernel_table(fam: str, sides: dict[str, list[dict]]) -> tuple[list[str], list[dict]]:
-    med = {s: [{r["case"]: r["median_us"] for r in d["rows"] if r["impl"] == "peagle"} for d in ds]
+    # Graph-mode rows only: a family that also records eager timings (verify) must not have them
+    # overwrite the graph medians of the same case.
+    med = {s: [{r["case"]: r["median_us"] for r in d["rows"]
+                if r["impl"] == "peagle" and r.get("mode", "graph") == "graph"} for d in ds]
            for s, ds in sides.items()}  # fmt: skip
     cases = [c for c in med["old"][0] if all(c in m for s in med for m in med[s])]
     lines, rows = [], []
@@ -78,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the comparison here")
     ap.add_argument("--old-commit", default="")
     ap.add_argument("--new-commit", default="")
+    ap.add_argument(
+        "--command",
+        default="bash tools/h200.sh ab .ab/old attention prep verify e2e",
+        help="the command that produced the runs, recorded in --json",
+    )
     args = ap.parse_args(argv)
     runs = load(args.dirs)
     if not runs:
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         any_run = next(iter(next(iter(runs.values())).values()))[0]
         rec = {"gpu": any_run.get("gpu"), "old_commit": args.old_commit,
                "new_commit": args.new_commit,
-               "command": "bash tools/h200.sh ab .ab/old attention prep verify e2e",
+               "command": args.command,
                "rows": out_rows}  # fmt: skip
         args.json.write_text(json.dumps(rec, indent=1) + "\n")
     return 0

@@ -89,7 +89,7 @@ def header(d: dict) -> str:
 
 def generate(results: Path, docs: Path) -> list[Path]:
     """Rewrite ``docs/results.md`` and the PNGs from ``results``; returns the written files."""
-    from peagle.bench import plots, released_report
+    from peagle.bench import flashinfer_report, plots, released_report
 
     fams = {k: d for k in ("prep", "verify", "attention", "kv") if (d := load(results, k))}
     lines = [
@@ -119,7 +119,7 @@ def generate(results: Path, docs: Path) -> list[Path]:
         lines += ["## verify_chain (K=7, bf16 logits, Philox)", "", header(d), "",
                   "GB/s counts the logits bytes read once.", ""]  # fmt: skip
         lines += table(d, "vllm-multiop", "graph", "pct_of_copy")
-        lines += [""]
+        lines += [""] + flashinfer_report.verify_section(d)
     if "attention" in fams:
         d = fams["attention"]
         present = {r["impl"] for r in d["rows"]}
@@ -143,6 +143,11 @@ def generate(results: Path, docs: Path) -> list[Path]:
             if case in ours:
                 lines.append(f"| {case} | {ours[case]:.1f} | {fi} | {fi / ours[case]:.2f}x |")
         lines += [""]
+    if fi_attn := load(results, "attention-flashinfer"):
+        ab_name = fi_attn.get("default_path_ab")
+        ab = json.loads((results / ab_name).read_text()) if ab_name else None
+        lines += ["## paged_attention vs FlashInfer (q_len 14, page 16)", "", header(fi_attn), ""]
+        lines += flashinfer_report.attention_section(fi_attn, ab)
     if "kv" in fams:
         d = fams["kv"]
         lines += [
