@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from peagle import ops
 from peagle.bench import flashinfer_peers as fp
 from peagle.bench import paged_attention as pa
 from peagle.bench.stats import chi_square_pit, chi_square_sf, target_probs
@@ -214,6 +215,76 @@ def test_target_probs_filters():
     assert torch.allclose(
         target_probs(logits, 1.0, 3, 0.99), torch.tensor([[4 / 9, 3 / 9, 2 / 9, 0]])
     )
+
+
+def _tied_rows(b: int, v: int, seed: int) -> torch.Tensor:
+    """bf16 logits like the benchmark's (randn * 3), on a 1/4 grid so that ties are common."""
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.randn(b, v, generator=g) * 3.0 * 4).round() / 4).to(torch.bfloat16)
+
+
+def _per_token_cut_differs(logits, temp, top_k, top_p) -> int:
+    """Rows where a per-token top-p cut in sort order (vLLM's sort-based rule) keeps only part of
+    a tied group: the tie cases the reference must get right."""
+    p = torch.softmax(logits.float() / temp, dim=-1)
+    kth = p.topk(top_k, dim=-1).values[:, -1:]
+    p = torch.where(p >= kth, p, 0.0)
+    srt = (p / p.sum(-1, keepdim=True)).sort(-1, descending=True).values
+    n_keep = ((srt.cumsum(-1) - srt) < top_p).sum(-1)
+    straddles = srt.gather(1, (n_keep - 1).unsqueeze(1)) == srt.gather(1, n_keep.unsqueeze(1))
+    return int(straddles.sum())
+
+
+def test_target_probs_keeps_ties_like_verify_chain():
+    # Two rows, the same weights in other token orders: the three tied 0.1s straddle the top-p
+    # boundary (0.5 alone is short of 0.55, 0.5 + 0.1 passes it). verify_chain keeps the whole
+    # group in both rows (the mass strictly above it, 0.5, is < 0.55), whatever the sort order;
+    # a per-token cut in sort order would keep one of the three.
+    w = torch.tensor([0.5, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
+    perm = torch.tensor([7, 3, 5, 0, 6, 1, 4, 2])
+    rows = torch.stack([w, w[perm]])
+    logits = rows.log().to(torch.bfloat16)
+    keep = target_probs(logits, 1.0, None, 0.55) > 0
+    assert torch.equal(keep, rows >= 0.1)
+    # Top-k ties at the k-th value are kept too (k = 2 keeps the maximum and the three 0.1s).
+    assert (target_probs(logits, 1.0, 2) > 0).sum(-1).tolist() == [4, 4]
+    # Random bf16 rows with many ties, B > 1: the kept set is SPEC §6.9's, tests/reference's.
+    from reference.verify_chain import kept_mask, scores
+
+    logits = _tied_rows(32, 3000, seed=5)
+    assert _per_token_cut_differs(logits, 0.7, 50, 0.9) >= 5  # the case is exercised
+    keep = target_probs(logits, 0.7, 50, 0.9) > 0
+    want = torch.stack([kept_mask(scores(row, 0.7), 50, 0.9) for row in logits])
+    assert torch.equal(keep, want)
+
+
+def test_verify_chain_cpu_samples_pass_chi_square_with_tied_top_k_top_p():
+    # peagle bench ops verify's check (check_peagle_random) at B = 64 with bf16 ties, on the CPU op.
+    from peagle.bench.verify_chain import check_peagle_random
+
+    b, k, v, temp, top = 64, 7, 3000, 0.7, (50, 0.9)
+    logits = _tied_rows(b * (k + 1), v, seed=6)
+    assert _per_token_cut_differs(logits.view(b, k + 1, v)[:, 0], temp, *top) >= 10
+    draft_rows = (torch.arange(b * k) // k) * (k + 1) + torch.arange(b * k) % k
+    drafts = logits[draft_rows].float().argmax(-1).to(torch.int32)
+    g = torch.Generator().manual_seed(7)
+    rand_ids = torch.randint(0, v, (b * k,), generator=g, dtype=torch.int32)
+    drafts = torch.where(torch.rand(b * k, generator=g) < 0.8, drafts, rand_ids)
+    s = {
+        "logits": logits, "drafts": drafts, "cu": torch.arange(1, b + 1, dtype=torch.int32) * k,
+        "temperature": torch.full((b,), temp), "seeds": torch.arange(b, dtype=torch.int64) + 1234,
+        "offsets": torch.zeros(b, dtype=torch.int64),
+        "top_k": torch.full((b,), top[0], dtype=torch.int32), "top_p": torch.full((b,), top[1]),
+    }  # fmt: skip
+
+    def peagle_cpu(s):
+        return ops.verify_chain(
+            s["logits"], s["drafts"], s["cu"], s["temperature"], s["seeds"], s["offsets"],
+            top_k=s["top_k"], top_p=s["top_p"], max_num_draft_tokens=k,
+        )  # fmt: skip
+
+    chi = check_peagle_random(peagle_cpu, s, temp, top)
+    assert chi.n == 4096 and chi.ok(), chi
 
 
 # ---------------------------------------------------------------------------------------------

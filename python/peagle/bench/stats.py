@@ -83,19 +83,40 @@ def target_probs(
     top_k: int | None = None,
     top_p: float | None = None,
 ) -> torch.Tensor:
-    """fp32 rows of the distribution verification samples from: softmax(logits / T), then the
-    top-k filter (the k largest; ties at the k-th value kept), renormalised, then the top-p
-    filter (the smallest set of largest tokens whose mass reaches p), renormalised."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_k is not None and 0 < top_k < probs.shape[-1]:
-        kth = probs.topk(top_k, dim=-1).values[..., -1:]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+    """fp32 rows of the distribution ``peagle.verify_chain`` samples from (SPEC.md §6.9).
+
+    ``logits``: [R, V], finite or -inf/NaN (NaN counts as -inf); one temperature, top-k and top-p
+    for every row. Scores ``s = logit * (1.0f / T)`` in float32. Top-k (off if None, <= 0 or
+    >= V) keeps ``s >= `` the k-th largest score: **every token tied with the k-th is kept**.
+    Top-p (off if None or >= 1) then keeps ``v`` iff the top-k-kept mass of the scores strictly
+    greater than ``s_v`` is < ``top_p`` * (top-k-kept mass), i.e. the nucleus is computed on the
+    top-k-renormalised distribution and **a group of tied scores is kept or cut as a whole** (a
+    group straddling the boundary is kept whole; the maximum always is). The kept set is
+    ``{v : s_v >= tau}`` for one threshold, independent of sort order; masses are fp64. The result
+    is softmax(s) over the kept set, 0 elsewhere.
+
+    vLLM's sort-based ``apply_top_k_top_p`` also keeps the top-k ties but cuts top-p token by
+    token in its (unstable) sort order, so it may keep only part of a tied group at the
+    boundary; with bf16 logits such groups are common, and a reference that breaks them by sort
+    order gives a legitimately sampled tied token probability 0.
+    """
+    inv_t = 1.0 / torch.tensor(temperature, dtype=torch.float32)
+    s = logits.float() * inv_t.to(logits.device)
+    s = torch.nan_to_num(s, nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf).double()
+    v = s.shape[-1]
+    keep = s > -torch.inf
+    if top_k is not None and 0 < top_k < v:
+        kth = s.topk(top_k, dim=-1).values[..., -1:]  # the k-th largest score; ties at it kept
+        keep = s >= kth
     if top_p is not None and top_p < 1.0:
-        srt, idx = probs.sort(dim=-1, descending=True)
-        before = srt.cumsum(dim=-1) - srt  # mass of the tokens ranked above
-        keep = before < top_p
-        srt = torch.where(keep, srt, torch.zeros_like(srt))
-        probs = torch.zeros_like(probs).scatter_(-1, idx, srt)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+        m = s.max(dim=-1, keepdim=True).values
+        w = torch.where(keep, torch.exp(s - m), torch.zeros_like(s))
+        asc, order = s.sort(dim=-1)
+        cum = w.gather(-1, order).cumsum(dim=-1)
+        total = cum[..., -1:]
+        n_le = torch.searchsorted(asc, s, right=True)  # tokens with a score <= s_v (>= 1)
+        mass_gt = total - cum.gather(-1, n_le - 1)  # kept mass strictly above s_v
+        target = float(torch.tensor(top_p, dtype=torch.float32)) * total
+        keep = keep & (mass_gt < target)
+    masked = torch.where(keep, s, torch.full_like(s, -torch.inf))
+    return torch.softmax(masked, dim=-1).float()
