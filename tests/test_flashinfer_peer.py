@@ -6,6 +6,7 @@ ones, and the carry tool selects the modules the peers need."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -370,3 +371,72 @@ def test_install_unpacks_the_xz_aot_archive(tmp_path):
     assert (target / rel).read_text() == "not really a module"
     assert os.access(target / rel, os.X_OK)
     assert (target / "flashinfer/__init__.py").exists()
+
+
+# Runs in a subprocess: imports FlashInfer from ROOT (argv[2]) with a stub pynvml (the NVML
+# bindings FlashInfer imports at module level; nothing here calls them), then either records
+# the files the tool's spec generators read ("files") or calls the wrappers' module getters with
+# JIT off, every JitSpec.build_and_load standing in for a loaded AOT module ("plan").
+_SPEC_SCRIPT = """
+import importlib.util, json, os, sys, types
+from unittest import mock
+what, root, tool_path = sys.argv[1:4]
+sys.modules.setdefault("pynvml", types.ModuleType("pynvml"))
+sys.path.insert(0, root)
+try:
+    import flashinfer
+except Exception as e:
+    print("IMPORT-FAILED", type(e).__name__, e)
+    sys.exit(3)
+assert flashinfer.__file__.startswith(root), flashinfer.__file__
+spec = importlib.util.spec_from_file_location("flashinfer_carry", tool_path)
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+if what == "files":
+    print(json.dumps(tool.generator_files(flashinfer)[1]))
+else:
+    with mock.patch.object(flashinfer.jit.core.JitSpec, "build_and_load",
+                           lambda self: mock.MagicMock()):
+        print(json.dumps(tool.plan_check(flashinfer)))
+"""
+
+
+def _spec_subprocess(tmp_path: Path, what: str, root: Path):
+    env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=str(tmp_path / f"ws-{what}"),
+               FLASHINFER_CUDA_ARCH_LIST="9.0a")  # fmt: skip
+    env.pop("FLASHINFER_DISABLE_JIT", None)
+    tool = str(ROOT / "tools/flashinfer_carry.py")
+    args = [sys.executable, "-c", _SPEC_SCRIPT, what, str(root), tool]
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode == 3 and "IMPORT-FAILED" in r.stdout:
+        pytest.skip(f"FlashInfer does not import here: {r.stdout.strip()[:200]}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not WHEEL.exists(), reason=f"no FlashInfer wheel at {WHEEL}")
+def test_carry_has_every_source_the_module_specs_read(tmp_path):
+    """The wrappers make specs at plan time that the carried modules alone do not show (the fa2
+    prefill getter also makes the independent-stride paged variant's spec, copying
+    csrc/batch_prefill_paged.cu even with JIT off): with only the carried Python modules and
+    the carried generator sources, every getter the peers reach still runs."""
+    pytest.importorskip("jinja2")
+    pytest.importorskip("tvm_ffi")
+    tool = _carry_tool()
+    full, carried = tmp_path / "full", tmp_path / "carried"
+    with zipfile.ZipFile(WHEEL) as z:
+        keep = (*tool.DATA_SUFFIXES, ".py")
+        py = [n for n in z.namelist() if n.startswith("flashinfer/")
+              and not n.startswith("flashinfer/data/") and n.endswith(keep)]  # fmt: skip
+        # What the generators read lies directly in csrc (templates, host sources); the
+        # kernels' headers (deeper, hundreds of MB) are only compiled, never read at spec time.
+        csrc = [n for n in z.namelist()
+                if n.startswith("flashinfer/data/csrc/") and n.count("/") == 3]  # fmt: skip
+        z.extractall(full, members=py + csrc)
+    files = _spec_subprocess(tmp_path, "files", full)
+    src = tool.jit_source_files(full, {}, {"_generators": {"files": files}})
+    assert "flashinfer/data/csrc/batch_prefill_paged.cu" in src
+    for rel in tool.python_files(full) + src:
+        (carried / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(full / rel, carried / rel)
+    assert _spec_subprocess(tmp_path, "plan", carried) == {}

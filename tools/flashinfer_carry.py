@@ -22,7 +22,9 @@ prefill wrapper fa2/fa3, the decode wrapper with ``q_len_per_req``, XQA and the 
       tvm-ffi loads are checked unchanged with ``nm -D``) and xz-compressed (the fatbins shrink
       about 2x);
     * ``flashinfer-jit-src.tar.xz``: the sources, templates and every header the builds read
-      (from ninja's dependency files), so the JIT can still rebuild a module there;
+      (from ninja's dependency files), so the JIT can still rebuild a module there, and every
+      file the spec generators read at plan time (:func:`generator_files`: the specs of
+      :func:`module_specs` and of :func:`lazy_specs`, which the wrappers make without loading);
     * the ``apache-tvm-ffi`` wheel for the H200's Python (3.12), FlashInfer's one import-time
       dependency that the image lacks; ``MANIFEST.json``: files, sizes, compile times.
 
@@ -38,7 +40,8 @@ prefill wrapper fa2/fa3, the decode wrapper with ``q_len_per_req``, XQA and the 
 for every module). ``install`` (used by ``tools/h200.sh flashinfer``) unpacks the three archives
 (``flashinfer-aot.tar`` too, the uncompressed form older carries have) and the wheel into
 ``--target`` (put it on PYTHONPATH); ``prebuild`` then loads every module (AOT) or JIT-builds
-the missing ones in one parallel ninja run, timing each. docs/benchmarks.md has the H200
+the missing ones in one parallel ninja run, timing each, then calls the wrappers' module
+getters (:func:`plan_check`) as the peers' plan() does. docs/benchmarks.md has the H200
 commands.
 """
 
@@ -136,6 +139,104 @@ def module_specs(fi=None) -> list[tuple[str, object]]:
                                                       bf16, Q_LEN, False))
         )  # fmt: skip
     return specs
+
+
+def lazy_specs(fi=None) -> list[tuple[str, object]]:
+    """(label, JitSpec) for the modules the wrappers only *describe* at plan time: the fa2
+    prefill getter (``prefill.py: get_batch_prefill_module``, which the tensor-core decode
+    wrapper calls too) and ``BatchAttention.plan`` also make the spec of the variant they load
+    only when the K and V caches have different strides (``_LazyPagedKVStrideModule``). The
+    peers pass the two halves of one cache (equal strides), so these modules are neither built
+    nor carried; but making a spec copies its sources from ``flashinfer/data/csrc`` into the
+    generation directory (``gen_customize_batch_prefill_module``: batch_prefill_paged.cu,
+    ...), with FLASHINFER_DISABLE_JIT too, so those sources must be carried: without them the
+    fa2 wrappers raise FileNotFoundError at plan time although their AOT module loads. Their
+    compilations include the same headers as the primary modules' (same #includes)."""
+    import torch
+
+    if fi is None:
+        import flashinfer as fi  # noqa: F401
+    from flashinfer.jit.attention.modules import (
+        _gen_batch_attention_independent_module,
+        _gen_batch_prefill_independent_paged_module,
+    )
+
+    bf16, i32 = torch.bfloat16, torch.int32
+    specs = []
+    for _, _, d in HEAD_CONFIGS:
+        args = (bf16, bf16, bf16, i32, d, d, 0, False, False, False, False)
+        specs.append(
+            (f"prefill-fa2-paged-d{d}", _gen_batch_prefill_independent_paged_module("fa2", *args))
+        )
+        ba = (bf16, bf16, bf16, i32, d, d, 0, False, False)
+        specs.append((f"batch-attention-independent-d{d}",
+                      _gen_batch_attention_independent_module(*ba)))  # fmt: skip
+    return specs
+
+
+def generator_files(fi=None) -> tuple[list[str], list[str]]:
+    """(labels, files): the files opened while the specs of :func:`module_specs` and
+    :func:`lazy_specs` are made (templates rendered, sources copied)."""
+    opened: set[str] = set()
+    active = [True]
+
+    def hook(event, hook_args):
+        if active[0] and event == "open" and isinstance(hook_args[0], (str, Path)):
+            opened.add(str(hook_args[0]))
+
+    sys.addaudithook(hook)  # audit hooks cannot be removed: switched off below
+    try:
+        specs = module_specs(fi) + lazy_specs(fi)
+    finally:
+        active[0] = False
+    return [label for label, _ in specs], sorted(opened)
+
+
+def plan_check(fi=None) -> dict[str, str]:
+    """Calls FlashInfer's own module getters the way the peers' wrappers do at plan time
+    (loading each module, AOT or cached JIT; never building: FLASHINFER_DISABLE_JIT=1 while it
+    runs) for every backend and head dim; returns {getter: error} for those that raise (empty:
+    all pass). Catches what loading the modules alone does not, e.g. a source that a spec
+    generator reads missing from the carry."""
+    import torch
+
+    if fi is None:
+        import flashinfer as fi  # noqa: F401
+    from flashinfer.attention import _core
+    from flashinfer.prefill import get_batch_prefill_module
+    from flashinfer.sampling import get_sampling_module
+    from flashinfer.topk import get_topk_module
+    from flashinfer.xqa import get_xqa_module
+
+    bf16, i32 = torch.bfloat16, torch.int32
+    calls = [("sampling", get_sampling_module, ()), ("topk", get_topk_module, ())]
+    for hq, hkv, d in HEAD_CONFIGS:
+        args = (bf16, bf16, bf16, i32, d, d, 0, False, False, False, False)
+        ba = (bf16, bf16, bf16, i32, d, d, 0, False, False)
+        calls += [
+            (f"get_batch_prefill_module(fa2, d{d})", get_batch_prefill_module, ("fa2", *args)),
+            (f"get_batch_prefill_module(fa3, d{d})", get_batch_prefill_module, ("fa3", *args)),
+            (f"get_holistic_attention_module(d{d})", _core.get_holistic_attention_module, ba),
+            (f"get_holistic_attention_independent_module(d{d})",
+             _core.get_holistic_attention_independent_module, ba),
+            (f"get_xqa_module(d{d})", get_xqa_module,
+             (bf16, bf16, PAGE, d, hq // hkv, False, bf16, Q_LEN, False)),
+        ]  # fmt: skip
+    errors = {}
+    saved = os.environ.get("FLASHINFER_DISABLE_JIT")
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    try:
+        for name, fn, a in calls:
+            try:
+                fn(*a)
+            except Exception as e:  # noqa: BLE001  (reported, not raised)
+                errors[name] = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        if saved is None:
+            del os.environ["FLASHINFER_DISABLE_JIT"]
+        else:
+            os.environ["FLASHINFER_DISABLE_JIT"] = saved
+    return errors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,18 +360,13 @@ def cmd_deps(args) -> None:
 
     deps_path = work / "deps.json"
     deps = json.loads(deps_path.read_text()) if deps_path.exists() else {}
-    # The generators read templates and copy sources from flashinfer/data at spec time: record
-    # every file opened while the specs are made.
-    opened: set[str] = set()
-
-    def hook(event, hook_args):
-        if event == "open" and isinstance(hook_args[0], (str, Path)):
-            opened.add(str(hook_args[0]))
-
-    sys.addaudithook(hook)
-    specs = module_specs(flashinfer)
-    deps["_generators"] = {"name": "files the spec generators read", "files": sorted(opened)}
+    # The generators read templates and copy sources from flashinfer/data at spec time, those of
+    # the plan-time-only specs (lazy_specs) too: record every file opened while they are made.
+    labels, opened = generator_files(flashinfer)
+    deps["_generators"] = {"name": "files the spec generators read", "labels": labels,
+                           "files": opened}  # fmt: skip
     deps_path.write_text(json.dumps(deps, indent=1) + "\n")
+    specs = module_specs(flashinfer)
     for label, spec in specs:
         if label in deps and deps[label].get("files") and not args.force:
             continue
@@ -501,6 +597,10 @@ def cmd_pack(args) -> None:
         missing = [label for label in labels if label not in deps]
         if missing:
             raise SystemExit(f"no dependency list for {missing}: run `deps` (or `build`) first")
+        stale = sorted({lbl for lbl, _ in _labels() + _lazy_labels()}
+                       - set(deps["_generators"].get("labels", ())))  # fmt: skip
+        if stale:  # recorded before these specs were made (e.g. by an older version of `deps`)
+            raise SystemExit(f"the generators' files lack the specs {stale}: run `deps` again")
         src = jit_source_files(root, build, deps)
         sizes["flashinfer-jit-src.tar.xz"] = _tar(
             out / "flashinfer-jit-src.tar.xz", root, src, xz=True
@@ -534,6 +634,14 @@ def _labels():
     return out
 
 
+def _lazy_labels():
+    """The labels of :func:`lazy_specs` without importing FlashInfer."""
+    out = []
+    for _, _, d in HEAD_CONFIGS:
+        out += [(f"prefill-fa2-paged-d{d}", None), (f"batch-attention-independent-d{d}", None)]
+    return out
+
+
 def _wheel_version(wheel: Path) -> str:
     return wheel.name.split("-")[1]
 
@@ -551,7 +659,8 @@ def cmd_prebuild(args) -> None:
     and, with ``--export DIR``, into tars of <= 15 MiB that come back in $OUT for ``pack
     --aot-from``. Prints / writes the time of each step. ``--no-jit`` builds nothing: it checks
     a carry (the AOT modules load through tvm-ffi without a GPU; libcudart.so.13 must be found);
-    ``--only`` limits the modules (labels of :func:`module_specs`) to those a run needs."""
+    ``--only`` limits the modules (labels of :func:`module_specs`) to those a run needs. Then
+    :func:`plan_check` calls the wrappers' module getters (JIT off) and reports those that fail."""
     import flashinfer
     import tvm_ffi
     from flashinfer.jit import env as jit_env
@@ -624,9 +733,17 @@ def cmd_prebuild(args) -> None:
                 entry.update(source="jit-unloadable", error=f"{type(e).__name__}: {e}"[:500])
     if args.export and exported:
         report["exported"] = _export_tars(exported, Path(args.export))
+    # The wrappers' own module getters, as at plan time (lazy specs included): a source a spec
+    # generator reads and the carry lacks fails here, not in every benchmark shape.
+    report["plan_errors"] = plan_check(flashinfer)
     for label, e in report["modules"].items():
         print(f"{label:24s} {e.get('source', '?'):8s} load {e.get('load_s', '-')} s  "
               f"{e.get('aot_error', '') or e.get('error', '')}")  # fmt: skip
+    bad = report["plan_errors"]
+    note = " (--only: the getters of modules left out fail)" if bad and args.only else ""
+    print(f"plan-time getters: {len(bad)} failed{note}")
+    for name, err in bad.items():
+        print(f"  {name}: {err[:200]}")
     if jit:
         print(f"JIT build of {len(jit)} modules: {report['jit_build_s']} s, rc {report['jit_rc']}")
         if "jit_log_tail" in report:
