@@ -858,6 +858,8 @@ struct Layout {
   int64_t tiles = 1;  // inverse-CDF tiles per row
   int32_t cand_cap = kCandCap;
   bool filter = false;
+  bool topk_in_stats = false;  // PEAGLE_VERIFY_TOPK_IN_STATS=1 with filtering
+  size_t off_topk_cand = 0, off_topk_meta = 0;
   size_t off_parts = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
@@ -880,6 +882,14 @@ inline int64_t counter_words(int64_t reqs) {
 // graph capture); anything else (the default): the 2-3 kernel path. Both give the same bits.
 inline bool fused_requested() {
   const char* v = std::getenv("PEAGLE_VERIFY_FUSED");
+  return v != nullptr && v[0] == '1';
+}
+
+// PEAGLE_VERIFY_TOPK_IN_STATS=1 (read at every call): with top_k / top_p, row_stats also
+// collects the top-k candidates of rows with top_k <= kStatsTopK and row_filter selects on them
+// without reading those rows again where they prove the threshold. Same bits either way.
+inline bool topk_in_stats_requested() {
+  const char* v = std::getenv("PEAGLE_VERIFY_TOPK_IN_STATS");
   return v != nullptr && v[0] == '1';
 }
 
@@ -953,6 +963,14 @@ Layout plan(const VerifyChainParams& p) {
     off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows));
     l.off_cand_keys = off;
     off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows) * l.cand_cap);
+    l.topk_in_stats = topk_in_stats_requested();
+    if (l.topk_in_stats) {
+      const size_t parts = static_cast<size_t>(rows) * l.nsplit;
+      l.off_topk_meta = off;
+      off = align_up(off + sizeof(TopkMeta) * parts);
+      l.off_topk_cand = off;
+      off = align_up(off + sizeof(uint32_t) * parts * kStatsCandCap);
+    }
   }
   l.total = off;
   return l;
@@ -975,6 +993,8 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.nsplit = l.nsplit;
   ws.nsample = l.nsample;
   ws.cand_cap = l.cand_cap;
+  ws.topk_cand = l.topk_in_stats ? reinterpret_cast<uint32_t*>(base + l.off_topk_cand) : nullptr;
+  ws.topk_meta = l.topk_in_stats ? reinterpret_cast<TopkMeta*>(base + l.off_topk_meta) : nullptr;
   ws.next_item = nullptr;
   ws.exited = nullptr;
   ws.stats_arrivals = nullptr;
@@ -997,12 +1017,18 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   }
   const unsigned grid_rows = static_cast<unsigned>(p.num_rows < kMaxGridY ? p.num_rows : kMaxGridY);
   const unsigned grid_reqs = static_cast<unsigned>(p.num_reqs < kMaxGridY ? p.num_reqs : kMaxGridY);
-  row_stats_kernel<D><<<dim3(l.nsplit, grid_rows), kThreads, 0, stream>>>(p, ws);
+  if (l.topk_in_stats) {
+    row_stats_kernel<D, true><<<dim3(l.nsplit, grid_rows), kThreads, 0, stream>>>(p, ws);
+  } else {
+    row_stats_kernel<D><<<dim3(l.nsplit, grid_rows), kThreads, 0, stream>>>(p, ws);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (l.filter) {
-    err = launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0, stream, p,
-                     ws);
+    err = l.topk_in_stats ? launch_pdl(row_filter_kernel<D, true>, dim3(l.nsplit, grid_rows),
+                                       dim3(kThreads), 0, stream, p, ws)
+                          : launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows),
+                                       dim3(kThreads), 0, stream, p, ws);
     if (err != cudaSuccess) return err;
   }
   return launch_pdl(decide_sample_kernel<D>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0, stream,

@@ -21,6 +21,14 @@ constexpr int kMaxGridY = 65535;
 constexpr int kCandCap = 4096;   // row_filter: candidate keys kept per row at most (shared memory)
 constexpr int kMinCandCap = 32;  // ... and at least (fewer only when R is huge, see plan())
 constexpr size_t kCandPoolBytes = size_t(64) << 20;  // candidate buffers of all rows
+// Top-k candidates collected in row_stats (PEAGLE_VERIFY_TOPK_IN_STATS=1): rows with
+// top_k <= kStatsTopK; every thread keeps its kThreadTop largest scores, every split writes at most
+// kStatsCandCap candidate keys (ties can make more than top_k; more: the row takes row_filter's
+// usual path).
+constexpr int kStatsTopK = 64;
+constexpr int kThreadTop = 4;
+constexpr int kStatsCandCap = 128;
+constexpr uint32_t kStatsOverflow = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kMassScale = 4294967296.0;  // 2^32 fixed point for kept masses (e <= 1)
 
@@ -32,6 +40,13 @@ struct RowPartial {  // row_stats output: one split of one row
   float z;           // sum of 2^((s - m) log2 e) (random rows only)
   int32_t idx;       // first index of the max (-1 if none)
   float bound;       // top-k rows: k-th largest per-thread maximum of the split (-inf: none)
+};
+
+// Per split of a row with stats candidates: the split wrote `n` keys (kStatsOverflow: unusable),
+// among them every element of the split with key >= `bound`; n >= top_k ones are all >= bound.
+struct TopkMeta {
+  uint32_t n;
+  uint32_t bound;
 };
 
 struct RowStats {  // row_filter output for rows with top-k / top-p
@@ -75,6 +90,9 @@ struct Workspace {
   int32_t nsplit;    // CTAs per row in row_stats / row_filter
   int32_t nsample;   // CTAs per request in decide_sample
   int32_t cand_cap;  // candidate keys per row (else the radix fallback)
+  // PEAGLE_VERIFY_TOPK_IN_STATS=1 with filtering (null otherwise): row_stats' top-k candidates.
+  uint32_t* topk_cand;  // [R, nsplit, kStatsCandCap]
+  TopkMeta* topk_meta;  // [R, nsplit]
   // Fused path only (null / 0 otherwise).
   unsigned long long* next_item;  // persistent: work items handed out so far
   uint32_t* exited;               // persistent: CTAs past their last item
@@ -420,6 +438,13 @@ struct RowInfo {
   int32_t top_k;
   float top_p;
 };
+
+// Whether row_stats collects the row's top-k candidates (and row_filter may use them).
+__device__ __forceinline__ bool stats_cands_row(const Workspace& ws, const RowInfo& info,
+                                                int32_t vocab) {
+  return ws.topk_meta != nullptr && info.mode == kRowFiltered && top_k_active(info.top_k, vocab) &&
+         info.top_k <= kStatsTopK;
+}
 
 // Whole warp; every lane gets the same result.
 __device__ RowInfo row_info(const VerifyChainParams& p, int64_t row) {

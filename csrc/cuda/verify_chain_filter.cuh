@@ -13,6 +13,15 @@
 // back to radix passes over the whole row when the candidates overflow or the top-p cut might lie
 // below them. Masses are integers, so every sum is order-independent and the result
 // deterministic.
+//
+// With row_stats' candidates (PEAGLE_VERIFY_TOPK_IN_STATS=1, row_filter_kernel<D, true>), a row
+// with top_k <= kStatsTopK is not read again when its candidates prove the threshold: with
+// T = max over splits of the split bounds, every element with key >= T is a candidate, and a
+// split with bound T and >= top_k candidates proves that the top_k-th largest key is >= T, so the
+// kept set (top-k, then top-p on the top-k-kept mass) lies among the candidates >= T. One CTA of
+// the row selects exactly on them (select_threshold, as above); otherwise (an overflowing split,
+// no such split, more than kCandCap candidates) the row takes the path above unchanged. Either
+// way the kept set and its integer mass are the exact ones, so the results are the same bits.
 #pragma once
 #include "verify_chain_common.cuh"
 
@@ -261,7 +270,37 @@ __device__ bool select_threshold(const Enum& en, int64_t num_elems, bool complet
   return true;
 }
 
-template <LogitsDtype D>
+// Whether row_stats' candidates of the row prove its threshold (every CTA of the row gets the same
+// answer from the split metadata): *t_out gets T, *n_out the candidates of all splits. Warp 0.
+__device__ __forceinline__ bool stats_cands_usable(const Workspace& ws, int64_t row, int32_t top_k,
+                                                   uint32_t* t_out, uint32_t* n_out) {
+  const int lane = threadIdx.x % kWarp;
+  uint32_t t = 0, n = 0;
+  bool bad = false;
+  for (int s = lane; s < ws.nsplit; s += kWarp) {
+    const TopkMeta mt = ws.topk_meta[row * ws.nsplit + s];
+    bad |= mt.n == kStatsOverflow;
+    t = max(t, mt.bound);
+    n += mt.n == kStatsOverflow ? 0u : mt.n;
+  }
+#pragma unroll
+  for (int d = kWarp / 2; d > 0; d >>= 1) {
+    t = max(t, __shfl_xor_sync(0xffffffffu, t, d));
+    n += __shfl_xor_sync(0xffffffffu, n, d);
+  }
+  bool full = false;  // a split with bound T and >= top_k candidates (all >= T)
+  for (int s = lane; s < ws.nsplit; s += kWarp) {
+    const TopkMeta mt = ws.topk_meta[row * ws.nsplit + s];
+    full |= mt.n != kStatsOverflow && mt.bound == t && mt.n >= static_cast<uint32_t>(top_k);
+  }
+  bad = __any_sync(0xffffffffu, bad);
+  full = __any_sync(0xffffffffu, full);
+  *t_out = t;
+  *n_out = n;
+  return !bad && full && n <= static_cast<uint32_t>(kCandCap);
+}
+
+template <LogitsDtype D, bool kCands = false>
 __global__ void __launch_bounds__(kThreads, 3)
     row_filter_kernel(const VerifyChainParams p, const Workspace ws) {
   pdl_launch_dependents();
@@ -282,7 +321,60 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     __syncthreads();
     const RowInfo info = s_info;
-    if (info.mode == kRowFiltered) {
+    bool from_stats = false;
+    if constexpr (kCands) {
+      if (stats_cands_row(ws, info, p.vocab_size)) {
+        __shared__ uint32_t s_t, s_ok;
+        if (warp == 0) {
+          uint32_t t, n;
+          const bool ok = stats_cands_usable(ws, row, info.top_k, &t, &n);
+          if (lane == 0) {
+            s_t = t;
+            s_ok = ok;
+          }
+        }
+        __syncthreads();
+        from_stats = s_ok != 0;
+        if (from_stats && split == 0) {
+          const uint32_t t = s_t;
+          if (warp == 0) {
+            const RowMerge rm = warp_merge_row(ws.parts, nsplit, row);
+            if (lane == 0) {
+              s_row = rm;
+              sm.n = 0;
+            }
+          }
+          __syncthreads();
+          const RowMerge rm = s_row;
+          const float m = rm.idx < 0 ? -INFINITY : rm.m;
+          // The candidates >= T: exactly the row's elements >= T (at most kCandCap).
+          for (int s = 0; s < nsplit; ++s) {
+            const uint32_t n = ws.topk_meta[row * nsplit + s].n;
+            const uint32_t* src = ws.topk_cand + (row * nsplit + s) * kStatsCandCap;
+            for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
+              const uint32_t k = src[i];
+              if (k >= t) sm.keys[atomicAdd(&sm.n, 1u)] = k;
+            }
+          }
+          __syncthreads();
+          const uint32_t total = sm.n;
+          uint32_t key = 0;
+          unsigned long long z = 0;
+          select_threshold(SmemKeys{sm.keys, static_cast<int32_t>(total)}, total, true, info.top_k,
+                           info.top_p, p.vocab_size, m * kLog2e, rm.z, sm, &key, &z);
+          if (key < t) key = t;  // non-candidates below T stay cut
+          if (threadIdx.x == 0) {
+            RowStats st;
+            st.m = m;
+            st.key = key;
+            st.z = static_cast<double>(z) / kMassScale;
+            st.first_max = rm.idx < 0 ? 0 : rm.idx;
+            ws.stats[row] = st;
+          }
+        }
+      }
+    }
+    if (info.mode == kRowFiltered && !from_stats) {
       if (warp == 0) {
         const RowMerge rm = warp_merge_row(ws.parts, nsplit, row);
         if (lane == 0) {
