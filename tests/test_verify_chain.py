@@ -1728,3 +1728,61 @@ def test_cuda_fused_graph_replay(b, monkeypatch):
         for x, y in zip(out, want, strict=True):
             assert torch.equal(x.cpu(), y)
         _assert_same(run_op(c, "cuda"), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: top-k candidates collected in row_stats, PEAGLE_VERIFY_TOPK_IN_STATS=1 (read at every
+# call). row_filter thresholds rows with top_k <= 64 from them without reading the row again
+# where they prove the threshold, else takes the default path: the kept set and its integer mass
+# are exact either way, so the outputs must be the default path's bits.
+# ---------------------------------------------------------------------------------------------
+
+
+def _topk_in_stats_both(case: Case, monkeypatch):
+    monkeypatch.delenv("PEAGLE_VERIFY_TOPK_IN_STATS", raising=False)
+    plain = run_op(case, "cuda")
+    monkeypatch.setenv("PEAGLE_VERIFY_TOPK_IN_STATS", "1")
+    cands = run_op(case, "cuda")
+    monkeypatch.delenv("PEAGLE_VERIFY_TOPK_IN_STATS", raising=False)
+    return plain, cands
+
+
+@requires_cuda
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
+@pytest.mark.parametrize("top_k", [1, 50, 64, 1000])
+@pytest.mark.parametrize("ties", ["none", "quantised", "tied_top"])
+@pytest.mark.parametrize("vocab", [4097, 201088])
+def test_cuda_topk_in_stats_matches_default(top_k, top_p, ties, vocab, monkeypatch):
+    gen = torch.Generator().manual_seed(top_k * 7 + int(top_p * 10) + vocab + len(ties))
+    counts = [0, 3, 7, 1, 5, 2, 7, 4]
+    b = len(counts)
+    case = make_case(
+        counts, vocab, gen, temps=[0.7, 0.0, 1.1, 0.6, 0.9, 1.5, 0.7, 0.3],
+        dtype=torch.bfloat16, scale=3.0, p_follow=0.8,
+        top_k=[top_k, top_k, 0, top_k, top_k, 2, top_k, top_k], top_p=[top_p] * b,
+    )  # fmt: skip
+    lg = case["target_logits"]
+    if ties == "quantised":
+        lg.copy_((lg * 2).round() / 2)
+    elif ties == "tied_top":
+        lg[:, 3::11] = lg.max()
+        lg[:, ::7] = -math.inf
+        lg[:, 64:80] = lg.max() + 1  # a tied block of maxima in one thread's vectors
+    plain, cands = _topk_in_stats_both(case, monkeypatch)
+    check_invariants(cands, case)
+    _assert_same(plain, cands)
+
+
+@requires_cuda
+@pytest.mark.parametrize("b", [1, 64])
+def test_cuda_topk_in_stats_bench_shape(b, monkeypatch):
+    """The issue's shape (K=7, V=201088, T=0.7, top_k=50, top_p=0.9), float32 and bf16 logits."""
+    for dtype in (torch.bfloat16, torch.float32):
+        gen = torch.Generator().manual_seed(b)
+        case = make_case(
+            [7] * b, 201088, gen, temps=0.7, dtype=dtype, scale=3.0, p_follow=0.8,
+            top_k=[50] * b, top_p=[0.9] * b,
+        )  # fmt: skip
+        plain, cands = _topk_in_stats_both(case, monkeypatch)
+        _assert_same(plain, cands)
+        assert_matches(cands, reference(case), case)

@@ -18,6 +18,8 @@ Also checked: the sampled token is the exact fp64 inverse-CDF answer on the same
 neighbour within rounding of the target.
 
     python tools/emulate_verify_chain.py            # random cases, prints a summary
+    python tools/emulate_verify_chain.py --topk-in-stats [N]   # the PEAGLE_VERIFY_TOPK_IN_STATS
+                                                    # candidate path vs the full path
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ import peagle  # noqa: E402,F401
 THREADS = 256
 CAND_CAP = 4096
 MIN_STATS_ELEMS = 4096
+STATS_TOPK = 64  # PEAGLE_VERIFY_TOPK_IN_STATS: kStatsTopK, kThreadTop, kStatsCandCap
+THREAD_TOP = 4
+STATS_CAND_CAP = 128
 SMS = 132
 LOG2E = np.float32(1.4426950408889634)
 MASS_SCALE = 4294967296.0
@@ -103,6 +108,7 @@ class Emu:
         misalign: int = 0,
         min_stats_elems: int = MIN_STATS_ELEMS,
         tile_threads: int = THREADS,
+        topk_in_stats: bool = False,
     ):
         """``misalign``: elements between an aligned base and row 0 (emulates the row addresses;
         rows are ``V`` elements apart unless the logits are a strided view). Smaller
@@ -150,6 +156,7 @@ class Emu:
         tiles = -(-self.V // (8 * tile_threads))
         self.nsample = int(min(max(1, -(-8 * SMS // b)), tiles))
         self.cand_cap = int(min(CAND_CAP, max(32, (64 << 20) // 4 // rows)))
+        self.topk_in_stats = topk_in_stats
         self.stats = {}
         self.skip_checks = 0
         self.cdf_neighbours = 0
@@ -252,6 +259,8 @@ class Emu:
                     bval, bidx, ml = vm, vec[0] + vk, F32(vm * LOG2E)
                 z = F32(z + fast_weight(s, ml).sum(dtype=np.float32))
             per_thread.append((bval, z, bidx))
+        if self.stats_cands_row(info):
+            self.topk_meta[row][split] = self.stats_cands(row, split, info, calls)
         # block merge (order irrelevant for the logic; float rounding aside)
         m, idx = NEG_INF, -1
         for bval, _, bidx in per_thread:
@@ -268,6 +277,51 @@ class Emu:
             maxima = np.sort(np.array([pt[0] for pt in per_thread], dtype=np.float32))[::-1]
             bound = maxima[int(self.top_k[r]) - 1]
         return (m if idx >= 0 else NEG_INF, z, idx, bound)
+
+    def stats_cands_row(self, info):
+        r = info["r"]
+        return (
+            self.topk_in_stats
+            and info["mode"] == "filtered"
+            and self.top_k_active(r)
+            and int(self.top_k[r]) <= STATS_TOPK
+        )
+
+    def stats_cands(self, row, split, info, calls):
+        """row_stats<D, true>'s candidates of one split: (keys written, n or None on overflow,
+        inclusive bound key). Per thread, the kThreadTop largest sanitized scores (the branchless
+        insertion keeps exactly that multiset) and the number of elements seen."""
+        x = self.x[row]
+        k = int(self.top_k[info["r"]])
+        lists, ub = [], 0
+        for t in range(THREADS):
+            idx = [v for vec in calls[t] for v in vec]
+            s = (x[idx] * info["inv_t"]).astype(np.float32)
+            s = np.where(np.isnan(s), NEG_INF, s).astype(np.float32)
+            top = np.sort(s)[::-1][:THREAD_TOP]
+            if len(idx) > THREAD_TOP:
+                ub = max(ub, int(score_key(top[-1])) + 1)
+            lists.append(score_key(top))
+        keys = np.concatenate(lists) if lists else np.zeros(0, dtype=np.uint32)
+        keys = keys[keys >= ub]
+        bound = ub
+        if len(keys) >= k:  # 4 levels of 8-bit digits
+            prefix, pmask, left = 0, 0, k
+            for level in range(4):
+                shift = 24 - 8 * level
+                sel = keys[(keys & pmask) == prefix]
+                cnt = np.bincount(((sel >> shift) & 255).astype(np.int64), minlength=256)
+                d, above = self.find_digit_count(cnt, left)
+                d = max(d, 0)
+                left -= above
+                prefix |= d << shift
+                pmask |= 255 << shift
+                if cnt[d] == left:
+                    break
+            bound = max(bound, prefix)
+        out = keys[keys >= bound]
+        n = len(out) if len(out) <= STATS_CAND_CAP else None
+        return out, n, bound
 
     def merge_row(self, row):
         parts = self.parts[row]
@@ -358,6 +412,36 @@ class Emu:
         return True, key, z
 
     def row_filter(self, row, info):
+        full = self.row_filter_full(row, info)
+        if not self.stats_cands_row(info):
+            return full
+        r = info["r"]
+        k = int(self.top_k[r])
+        metas = [self.topk_meta[row][sp] for sp in range(self.nsplit)]
+        t = max(b for _, _, b in metas)
+        ntot = sum(n for _, n, _ in metas if n is not None)
+        bad = any(n is None for _, n, _ in metas)
+        has_full = any(n is not None and b == t and n >= k for _, n, b in metas)
+        if bad or not has_full or ntot > CAND_CAP:
+            self.filter_paths[-1] = "stats-fallback/" + self.filter_paths[-1]
+            return full
+        keys = np.concatenate([c for c, _, _ in metas])
+        keys = keys[keys >= t]
+        m, zf, idx, _ = self.merge_row(row)
+        ml = F32(m * LOG2E)
+        _, key, z = self.select(keys, key_to_float(keys), len(keys), True, r, ml, zf)
+        key = max(key, t)
+        # The same kept set and mass as the full path (its key may be another bucket floor).
+        s_all = (self.x[row] * info["inv_t"]).astype(np.float32)
+        s_all = np.where(np.isnan(s_all), NEG_INF, s_all).astype(np.float32)
+        keys_all = score_key(s_all)
+        assert np.array_equal(keys_all >= key, keys_all >= full["key"]), (row, key, full["key"])
+        assert z / MASS_SCALE == full["z"], (row, z, full["z"])
+        self.filter_paths[-1] = "stats"
+        self.stats_threshold_checks += 1
+        return {"m": m, "key": key, "z": z / MASS_SCALE, "first_max": max(idx, 0)}
+
+    def row_filter_full(self, row, info):
         r = info["r"]
         m, zf, idx, bound = self.merge_row(row)
         ml = F32(m * LOG2E)
@@ -491,6 +575,8 @@ class Emu:
     def run(self):
         self.parts = {}
         self.filter_paths = []
+        self.topk_meta = {row: {} for row in range(self.R)}
+        self.stats_threshold_checks = 0
         infos = {row: self.row_info(row) for row in range(self.R)}
         for row, info in infos.items():
             if info["mode"] != "skip":
@@ -680,8 +766,60 @@ def check_fused_schedule(emu: Emu, rng: np.random.Generator, grid: int | None = 
 # ---------------------------------------------------------------------------------------------
 
 
+def check_topk_in_stats(n_cases: int) -> None:
+    """PEAGLE_VERIFY_TOPK_IN_STATS: on random bf16 rows with ties (quantised logits, tied runs,
+    -inf / NaN entries), the candidate path must pick the full path's kept set and mass exactly
+    (asserted row by row in Emu.row_filter), and the outputs must equal the default path's."""
+    from test_verify_chain import make_case
+
+    rng = np.random.default_rng(5)
+    gen = torch.Generator().manual_seed(5)
+    paths: dict[str, int] = {}
+    checked = 0
+    for case_i in range(n_cases):
+        b = int(rng.integers(2, 7))
+        v = int(rng.choice([300, 4097, 20011, 65536 + 37]))
+        counts = [int(c) for c in rng.integers(0, 5, b)]
+        top_k = [int(k) for k in rng.choice([1, 2, 50, 64, 65, 300, v + 1], b)]
+        top_p = [float(p) for p in rng.choice([0.5, 0.9, 1.0], b)]
+        temps = [float(t) if rng.random() < 0.85 else 0.0 for t in rng.uniform(0.3, 1.5, b)]
+        scale = float(rng.choice([0.05, 1.0, 3.0, 8.0]))
+        case = make_case(
+            counts, v, gen, temps=temps, dtype=torch.bfloat16, scale=scale, top_k=top_k,
+            top_p=top_p,
+        )  # fmt: skip
+        lg = case["target_logits"]
+        if case_i % 3 == 0:  # coarse quantisation: many ties everywhere
+            lg.copy_((lg * 2).round() / 2)
+        if case_i % 4 == 1:  # tied runs at the top, -inf and NaN entries
+            lg[:, 3::11] = lg.max()
+            lg[:, ::7] = -math.inf
+            lg[:, 5::97] = float("nan")
+        if case_i % 5 == 2:  # clustered maxima: a block of equal top values in one thread
+            lg[:, 64:128] = lg.max() + 1
+        small = case_i % 2 == 1
+        kw = dict(
+            misalign=int(rng.integers(0, 8)), min_stats_elems=64 if small else MIN_STATS_ELEMS
+        )
+        emu = Emu(case, max(counts), topk_in_stats=True, **kw)
+        out, acc = emu.run()
+        ref_out, ref_acc = Emu(case, max(counts), **kw).run()
+        assert np.array_equal(out, ref_out) and np.array_equal(acc, ref_acc), case_i
+        checked += emu.stats_threshold_checks
+        for pth in emu.filter_paths:
+            paths[pth] = paths.get(pth, 0) + 1
+        print(f"case {case_i:3d}: B={b} V={v} splits={emu.nsplit} top_k={top_k} top_p={top_p} "
+              f"stats-path rows={emu.stats_threshold_checks}")  # fmt: skip
+    print(f"ok: {n_cases} cases, {checked} rows thresholded from row_stats' candidates "
+          f"(same kept set and mass as the full path), filter paths {paths}")  # fmt: skip
+
+
 def main() -> None:
     from test_verify_chain import make_case, reference, run_op
+
+    if len(sys.argv) > 1 and sys.argv[1] == "--topk-in-stats":
+        check_topk_in_stats(int(sys.argv[2]) if len(sys.argv) > 2 else 24)
+        return
 
     rng = np.random.default_rng(0)
     gen = torch.Generator().manual_seed(1)
