@@ -284,3 +284,22 @@ def test_flashinfer_report_picks_the_fastest_backend_and_lists_errors():
     assert "| b | fa3 | 15.0 | 10.0 | 1.50x | — |" in text
     assert "at 1 of 2 cases in the same run; its default path (A/B file) at 1 of 1." in text
     assert "* `flashinfer-fa2`: E" in text
+
+
+def test_verify_bench_filter_selects_cases_by_name(monkeypatch):
+    """`peagle bench ops verify --filter` times only the cases whose name holds a filter string."""
+    from peagle.bench import verify_chain as vb
+
+    seen = []
+    monkeypatch.setattr(vb, "copy_ceiling_gbps", lambda: 4000.0)
+    monkeypatch.setattr(vb, "run_case", lambda res, b, v, mode, *a, **k: seen.append(
+        vb.case_name(b, v, mode)))  # fmt: skip
+    vb.main(["--no-flashinfer", "--filter", "top_k", "B=8,K=7,V=151936,greedy"])
+    assert seen == ["B=8,K=7,V=151936,greedy", "B=1,K=7,V=201088,T=0.7,top_k=50,top_p=0.9",
+                    "B=64,K=7,V=201088,T=0.7,top_k=50,top_p=0.9"]  # fmt: skip
+
+
+def test_print_table_without_rows_prints_the_header(capsys):
+    """A filter that matches no case leaves no rows; the table still prints (its header)."""
+    timing.print_table([], ["case", "median_us"])
+    assert capsys.readouterr().out.split() == ["case", "median_us"]

@@ -235,7 +235,7 @@ def _driver_version() -> str:
 
 
 def print_table(rows: list[dict], keys: list[str]) -> None:
-    widths = [max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys]
+    widths = [max([len(k)] + [len(str(r.get(k, ""))) for r in rows]) for k in keys]
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)))
     for r in rows:
         print("  ".join(str(r.get(k, "")).ljust(w) for k, w in zip(keys, widths, strict=True)))

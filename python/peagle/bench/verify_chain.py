@@ -230,13 +230,17 @@ def run_flashinfer(res: Results, fi, sets, name, temp, top, calls, replays, logi
               + ("  BAD" if not chi.ok() else ""))  # fmt: skip
 
 
+def case_name(b: int, v: int, mode: str) -> str:
+    return f"B={b},K={K},V={v},{mode}"
+
+
 def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays: int,
              fi=None) -> None:  # fmt: skip
     logit_bytes = b * (K + 1) * v * 2
     draws = "vllm-draws" in mode
     n_sets = l2_rotation_sets(logit_bytes + (b * v * 4 if draws else 0))
     sets = [make_set(b, v, temp, top, seed=i, draws=draws) for i in range(n_sets)]
-    name = f"B={b},K={K},V={v},{mode}"
+    name = case_name(b, v, mode)
     peagle = Peagle(b)
     greedy = temp == 0.0
     # Correctness before timing.
@@ -285,6 +289,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true", help="B=8, V=201088 only, fewer replays")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
+    ap.add_argument(
+        "--filter", nargs="*", help="only cases whose name contains one of these, e.g. top_k B=64"
+    )
 
 
 def main(argv=None) -> None:
@@ -317,6 +324,9 @@ def run(args: argparse.Namespace) -> None:
         cases.append((b, 201088, "T=0.7,vllm-draws", 0.7, None))
 
     for b, v, mode, temp, top in cases:
+        name = case_name(b, v, mode)
+        if args.filter and not any(f in name for f in args.filter):
+            continue
         run_case(res, b, v, mode, temp, top, args.replays, fi)
         torch.cuda.empty_cache()
 
