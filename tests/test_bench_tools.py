@@ -284,6 +284,26 @@ def test_flashinfer_report_picks_the_fastest_backend_and_lists_errors():
     assert "| b | fa3 | 15.0 | 10.0 | 1.50x | — |" in text
     assert "at 1 of 2 cases in the same run; its default path (A/B file) at 1 of 1." in text
     assert "* `flashinfer-fa2`: E" in text
+    # Without an A/B file the same-run rows are the default path: no extra column.
+    text = "\n".join(flashinfer_report.attention_section(d))
+    assert "| a | xqa | 8.0 | 10.0 | 0.80x |\n" in text + "\n"
+    assert "A/B file" not in text
+
+
+def test_report_reads_flashinfer_rows_from_the_attention_file(tmp_path):
+    """One attention run with FlashInfer rows feeds both sections; the old fa2 figures drop out."""
+    times = (("peagle", 16.5), ("sdpa", 26.8), ("flashinfer-decode-fa2", 16.0))
+    rows = [{"case": "B1_q14_h32-8_d128_kv4096", "impl": i, "median_us": us, "mode": "graph",
+             "gbps": 1.0, "pct_of_copy": 1.0} for i, us in times]  # fmt: skip
+    d = {"gpu": "G", "commit": "c", "command": "x", "copy_ceiling_gbps": 4000.0, "rows": rows,
+         "flashinfer": {"version": "9.9", "errors": {}}}  # fmt: skip
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "attention-h200.json").write_text(json.dumps(d))
+    report.generate(tmp_path / "results", tmp_path / "docs")
+    text = (tmp_path / "docs" / "results.md").read_text()
+    assert "## paged_attention vs FlashInfer" in text
+    assert "| B1_q14_h32-8_d128_kv4096 | decode-fa2 | 16.0 | 16.5 | 0.97x |" in text
+    assert "FlashInfer 0.2.8" not in text
 
 
 def test_verify_bench_filter_selects_cases_by_name(monkeypatch):

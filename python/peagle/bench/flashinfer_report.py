@@ -6,8 +6,9 @@ path from bf16 logits for every random case. Its cost for one verify step is the
 row's ``top_k_top_p_sampling_from_logits``; each part's chi-square p-value is shown (p < 1e-3 is
 a failed distribution check, marked).
 
-``attention_section``: from ``attention-flashinfer-h200.json`` (``peagle bench ops attention`` with
-FlashInfer importable): the best backend per case, every backend's error, and, where the A/B file
+``attention_section``: from ``attention-h200.json`` (or a separate
+``attention-flashinfer-h200.json``; ``peagle bench ops attention`` with FlashInfer importable): the
+best backend per case, every backend's error, and, where the A/B file
 of the same reservation holds peagle's default path measured in another call, that column too
 (labelled: not the same run).
 """
@@ -87,12 +88,13 @@ def attention_section(d: dict, ab: dict | None = None) -> list[str]:
         best = min(peers, key=lambda k: peers[k]["median_us"])
         b_us, p_us = peers[best]["median_us"], impls["peagle"]["median_us"]
         ahead += p_us < b_us
-        cell = "—"
-        if case in default_us:
-            ahead_default += default_us[case] < b_us
-            cell = f"{default_us[case]:.1f} ({b_us / default_us[case]:.2f}x)"
-        rows.append(f"| {case} | {best[len('flashinfer-'):]} | {b_us:.1f} | {p_us:.1f} | "
-                    f"{b_us / p_us:.2f}x | {cell} |")  # fmt: skip
+        name = best[len("flashinfer-") :]
+        row = f"| {case} | {name} | {b_us:.1f} | {p_us:.1f} | {b_us / p_us:.2f}x |"
+        if default_us:  # the same-run rows are another path: peagle's default beside them
+            d_us = default_us.get(case)
+            ahead_default += d_us is not None and d_us < b_us
+            row += f" {d_us:.1f} ({b_us / d_us:.2f}x) |" if d_us else " — |"
+        rows.append(row)
     if not rows:
         return []
     tally = f"peagle ahead of the best backend at {ahead} of {len(rows)} cases in the same run"
@@ -102,9 +104,9 @@ def attention_section(d: dict, ab: dict | None = None) -> list[str]:
         f"vs FlashInfer {fi.get('version', '?')}, the fastest backend per case that ran "
         "(same run; conditions in the line above):",
         "",
-        "| case | best FlashInfer backend | its µs | peagle µs (same run) | speedup | "
-        "peagle default µs (A/B file, other call) |",
-        "|---|---|---|---|---|---|",
+        "| case | best FlashInfer backend | its µs | peagle µs (same run) | speedup |"
+        + (" peagle default µs (A/B file, other call) |" if default_us else ""),
+        "|---|---|---|---|---|" + ("---|" if default_us else ""),
         *rows,
         "",
         tally + ".",
