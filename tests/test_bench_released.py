@@ -122,3 +122,21 @@ def test_released_streamed_bytes_count_the_routed_experts():
     assert sb["experts_touched_per_layer"] == [3] * n_layers
     assert sb["expert_bytes"] == int(3 * per * n_layers)
     assert sb["bytes"] == sb["dense_bytes"] + sb["expert_bytes"]
+
+
+def test_full_size_released_shape_is_refused_on_the_cpu(tmp_path, capsys):
+    """A full-size shape on the CPU would spend minutes building ~80 GiB of float32 weights
+    before running out of memory: refused at once with one line naming the tiny shape."""
+    from cli_helpers import user_error
+
+    argv = ["bench", "e2e", "--device", "cpu", "--projection-shape", "gpt-oss-20b",
+            "--synthetic-acceptance", "paper", "--out", str(tmp_path / "x.json")]  # fmt: skip
+    user_error(capsys, argv, match="gpt-oss-20b-tiny")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_dry_run_says_what_it_fits(capsys):
+    R.print_dry_run({"target": "gpt-oss-20b", "tiny": False, "target_weights_gib": 39.0,
+                     "head_weights_gib": 2.9, "configs": [{"key": "none,K=0,C=1,ctx=1024"}]},
+                    (True, "20.91 B parameters"))  # fmt: skip
+    assert "fits one 139 GiB GPU: 20.91 B parameters" in capsys.readouterr().out

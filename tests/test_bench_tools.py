@@ -87,9 +87,47 @@ def test_tune_cli_measured_and_projected(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "[PROJECTION]" in text and "break-even" in text
     user_error(capsys, ["tune", "--results", str(path), "--concurrency", "3", "--no-projection"],
-               match="no rows")  # fmt: skip
+               match="the file has concurrencies 1 16")  # fmt: skip
     user_error(capsys, ["tune", "--results", str(tmp_path / "missing.json")],
                match="no results file")  # fmt: skip
+
+
+def test_tune_keeps_contexts_apart(tmp_path, capsys):
+    """Released-shape files hold two contexts per concurrency: each gets its own baseline, best K
+    and table (a context-8k row must not overwrite the 1k table nor borrow the 1k baseline)."""
+    configs = {}
+    for ctx, scale in ((1024, 1.0), (8192, 0.5)):
+        configs[f"none,K=0,C=1,ctx={ctx}"] = dict(row("none", 0, 1, 100 * scale, 1.0), context=ctx)
+        for k, p in ((1, 120), (3, 150)):
+            configs[f"peagle,K={k},C=1,ctx={ctx}"] = dict(
+                row("peagle", k, 1, p * scale), context=ctx
+            )
+    path = tmp_path / "released.json"
+    path.write_text(json.dumps({"configs": configs}))
+    assert main(["tune", "--results", str(path), "--json", "--no-projection"]) == 0
+    out = {a["context"]: a for a in json.loads(capsys.readouterr().out)}
+    assert sorted(out) == [1024, 8192]
+    assert (
+        out[8192]["none_tokens_per_s"] == 50 and out[8192]["best"]["peagle"]["tokens_per_s"] == 75
+    )
+    assert {r["k"]: r["peagle"]["speedup"] for r in out[8192]["table"]} == {1: 1.2, 3: 1.5}
+    assert main(["tune", "--results", str(path), "--context", "8192"]) == 0
+    text = capsys.readouterr().out
+    assert "concurrency 1, context 8192" in text and "context 1024" not in text
+    with pytest.raises(ValueError, match="mix contexts"):
+        tune.analyse(tune.measured_rows({"configs": configs}), 1)
+
+
+def test_tune_rounds_a_speedup_once():
+    """1.4049x prints as 1.40x (rounding to 3 places first printed 1.41x)."""
+    rows = [row("none", 0, 1, 134.65), row("eagle3", 3, 1, 189.17)]
+    assert "1.40x over none" in "\n".join(tune.format_analysis(tune.analyse(rows, 1)))
+
+
+def test_tune_refuses_a_file_that_is_not_e2e_results(tmp_path, capsys):
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps({"rows": []}))
+    user_error(capsys, ["tune", "--results", str(path)], match="not an e2e results file")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -507,6 +507,16 @@ def run_released(args: argparse.Namespace, budget: Budget) -> int:
         R.print_dry_run(p, None if tiny else R.fits(name))
         return 0
     device = torch.device(check_device("--device", args.device))
+    if not tiny:  # refuse up front what would run out of memory after minutes of building
+        if device.type != "cuda":
+            raise UserError(
+                "bench e2e",
+                f"--projection-shape {name} is full size: it runs on a CUDA GPU",
+                f"on the CPU use {name}{R.TINY_SUFFIX} or --dry-run",
+            )
+        ok, why = R.fits(name, torch.cuda.get_device_properties(device).total_memory)
+        if not ok:
+            raise UserError("bench e2e", f"--projection-shape {name}: {why}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     settings = {
         "device": device.type, "dtype": str(dtype).removeprefix("torch."),

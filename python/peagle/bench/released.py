@@ -347,7 +347,7 @@ def print_dry_run(plan_: dict, fit: tuple[bool, str] | None = None) -> None:
     print(f"{plan_['target']}{' (tiny)' if plan_['tiny'] else ''}: target weights "
           f"{plan_['target_weights_gib']} GiB, heads {plan_['head_weights_gib']} GiB")  # fmt: skip
     if fit is not None:
-        print(("fits: " if fit[0] else "does NOT fit: ") + fit[1])
+        print(("fits one 139 GiB GPU: " if fit[0] else "does NOT fit one 139 GiB GPU: ") + fit[1])
     cols = ["key", "requests", "weights_gib", "kv_gib", "expected_al", "steps",
             "prefill_tokens", "minutes_at_step_ms"]  # fmt: skip
     cols = [c for c in cols if c in plan_["configs"][0]]

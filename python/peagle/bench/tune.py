@@ -2,7 +2,8 @@
 
 Rows are the measured configs of an e2e results file (``configs``) or the projected ones
 (:func:`peagle.bench.projection.project` over ``projection``; always labelled). For one
-concurrency: each speculative method's K with the most tokens/s, its speedup over no speculation,
+concurrency (and one context, where the rows record several, as the released-shape files do):
+each speculative method's K with the most tokens/s, its speedup over no speculation,
 and per K the tokens/s of every method with its speedup; a K where a method's speedup is below 1
 is where speculation stops paying.
 """
@@ -41,6 +42,13 @@ def measured_rows(data: dict) -> list[dict]:
     return list(data.get("configs", {}).values())
 
 
+def check_e2e(data: dict, path: str | Path) -> None:
+    """A ``peagle bench e2e`` results file has ``configs``; anything else gets a one-line error."""
+    if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
+        raise UserError(f"tune --results {path}", "not an e2e results file (no `configs`)",
+                        "give the JSON `peagle bench e2e --out` wrote")  # fmt: skip
+
+
 def projected_rows(data: dict) -> list[dict]:
     from peagle.bench.projection import project
 
@@ -52,15 +60,25 @@ def concurrencies(rows: list[dict]) -> list[int]:
     return sorted({r["concurrency"] for r in rows})
 
 
-def analyse(rows: list[dict], concurrency: int) -> dict:
-    """``{"concurrency", "none_tokens_per_s", "best": {method: {"k", "tokens_per_s",
+def contexts(rows: list[dict], concurrency: int) -> list[int | None]:
+    """The contexts (prompt tokens) the rows of one concurrency record; [None] where none do."""
+    found = {r.get("context") for r in rows if r["concurrency"] == concurrency}
+    return sorted(found, key=lambda c: (c is None, c or 0)) or [None]
+
+
+def analyse(rows: list[dict], concurrency: int, context: int | None = None) -> dict:
+    """``{"concurrency", "context", "none_tokens_per_s", "best": {method: {"k", "tokens_per_s",
     "speedup"}}, "table": [{"k", method: {"tokens_per_s", "speedup", "pays"}}],
-    "peagle_over_eagle3"}`` over ``rows`` of one concurrency (speedups None without a
-    ``none`` row)."""
+    "peagle_over_eagle3"}`` over ``rows`` of one concurrency and, where given, one context
+    (speedups None without a ``none`` row)."""
     rows = [r for r in rows if r["concurrency"] == concurrency]
+    if context is not None:
+        rows = [r for r in rows if r.get("context") == context]
+    elif len({r.get("context") for r in rows}) > 1:
+        raise ValueError(f"rows of concurrency {concurrency} mix contexts: pass context=")
     none = [r["tokens_per_s"] for r in rows if r["method"] == "none"]
     base = none[0] if none else None
-    speedup = lambda tps: None if base is None else round(tps / base, 3)
+    speedup = lambda tps: None if base is None else round(tps / base, 4)
     best, table = {}, {}
     for r in rows:
         m = r["method"]
@@ -73,9 +91,10 @@ def analyse(rows: list[dict], concurrency: int) -> dict:
             best[m] = {"k": r["k"], **cell}
     ratio = None
     if "peagle" in best and "eagle3" in best:
-        ratio = round(best["peagle"]["tokens_per_s"] / best["eagle3"]["tokens_per_s"], 3)
+        ratio = round(best["peagle"]["tokens_per_s"] / best["eagle3"]["tokens_per_s"], 4)
     return {
         "concurrency": concurrency,
+        "context": context,
         "none_tokens_per_s": base,
         "best": best,
         "table": [table[k] for k in sorted(table)],
@@ -87,7 +106,8 @@ def format_analysis(a: dict, label: str = "measured") -> list[str]:
     c = a["concurrency"]
     proj = label != "measured"
     tag = " [PROJECTION]" if proj else ""
-    lines = [f"== concurrency {c} ({label}){tag}"]
+    ctx = f", context {a['context']}" if a.get("context") is not None else ""
+    lines = [f"== concurrency {c}{ctx} ({label}){tag}"]
     if a["none_tokens_per_s"] is not None:
         lines.append(f"   no speculation: {a['none_tokens_per_s']:.1f} tok/s")
     for m in SPEC_METHODS:
@@ -133,6 +153,7 @@ def print_tables(data: dict, concurrency: int | None = None, projection: bool = 
                          if projection else [])):  # fmt: skip
         cs = concurrencies(rows) if concurrency is None else [concurrency]
         for c in cs:
-            a = analyse(rows, c)
-            if a["best"] or a["none_tokens_per_s"] is not None:
-                print("\n".join(format_analysis(a, label)))
+            for ctx in contexts(rows, c):
+                a = analyse(rows, c, ctx)
+                if a["best"] or a["none_tokens_per_s"] is not None:
+                    print("\n".join(format_analysis(a, label)))

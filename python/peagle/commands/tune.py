@@ -19,6 +19,7 @@ examples:
   peagle tune --results benchmarks/results/e2e-h200.json
   peagle tune --results benchmarks/results/e2e-h200.json --concurrency 1 --json
   peagle tune --run --device cuda --k 1 3 5 7 10 --concurrency 1 --results /tmp/e2e.json
+  peagle tune --results benchmarks/results/released-gpt-oss-20b-h200.json --context 1024
 """
 
 
@@ -36,6 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="e2e results JSON (default: %(default)s)")  # fmt: skip
     p.add_argument("--concurrency", nargs="+", type=int, default=None,
                    help="only these concurrencies (default: every one in the file)")  # fmt: skip
+    p.add_argument("--context", nargs="+", type=int, default=None,
+                   help="only these contexts in prompt tokens, for files that record several "
+                        "(the released-shape files: 1024 8192; default: each one)")  # fmt: skip
     p.add_argument("--no-projection", action="store_true", help="measured rows only")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
     r = p.add_argument_group("measuring first (--run)")
@@ -76,24 +80,30 @@ def run(args) -> int:
         if rc != 0:
             return rc
     data = tune.load(args.results)
+    tune.check_e2e(data, args.results)
     sets = [("measured", tune.measured_rows(data))]
     if not args.no_projection:
         sets.append((tune.projection_label(data), tune.projected_rows(data)))
     out = []
     for label, rows in sets:
         for c in args.concurrency or tune.concurrencies(rows):
-            a = tune.analyse(rows, c)
-            if not (a["best"] or a["none_tokens_per_s"] is not None):
-                continue
-            a["source"] = label
-            a["projection"] = label != "measured"
-            out.append(a)
-            if not args.json:
-                print("\n".join(tune.format_analysis(a, label)))
+            for ctx in args.context or tune.contexts(rows, c):
+                a = tune.analyse(rows, c, ctx)
+                if not (a["best"] or a["none_tokens_per_s"] is not None):
+                    continue
+                a["source"] = label
+                a["projection"] = label != "measured"
+                out.append(a)
+                if not args.json:
+                    print("\n".join(tune.format_analysis(a, label)))
     if args.json:
         print(json.dumps(out, indent=1))
     if not out:
+        have = tune.concurrencies(tune.measured_rows(data))
         raise UserError(
-            f"tune --results {args.results}", "no rows for these concurrencies", "see --concurrency"
+            f"tune --results {args.results}",
+            "no rows for these concurrencies / contexts",
+            f"the file has concurrencies {' '.join(map(str, have)) or 'none'} (see --concurrency, "
+            "--context)",
         )
     return 0
