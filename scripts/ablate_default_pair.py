@@ -271,10 +271,10 @@ def print_plan(args, recipe: Recipe, variants: list[Variant]) -> int:
         "transfers not included; one GPU: --lanes N on N GPUs shortens the variants' calls)"
     )
     print(
-        "timing constants: measured on the H200 -- the build (BUILD_S); extrapolated from the "
-        "v1/v2 H200 runs (no v3 stage has run on an H200) -- the corpus, BPE and encode rates, "
-        "the target's and the heads' throughput, regeneration; estimates -- CALL_START_S, "
-        "DRAFTER_COMPILE_S, VARIANT_LOAD_S, VARIANT_SAVE_S, MEASURE_LOAD_S, ENGINE_STEP_S_V3 "
+        "timing constants: measured on the H200 by the first ablation run (2026-12-02) -- the "
+        "build, the corpus, BPE and encode rates, the target's and the heads' throughput, "
+        "regeneration, the compile and a variant's load; estimates -- CALL_START_S, "
+        "VARIANT_SAVE_S, MEASURE_LOAD_S, ENGINE_STEP_S_V3 "
         "(scripts/default_pair/recipes.py); the target, regeneration and each variant stop at "
         "their budgets, so only the fixed costs can move the total"
     )
@@ -321,6 +321,7 @@ def main(argv=None) -> int:
         "--max-calls", type=int, default=3, help="--dry-run exits 2 when the plan needs more"
     )
     args = ap.parse_args(argv)
+    recipe_script.quiet_hf_progress()
     if args.list:
         for v in VARIANTS:
             print(f"{v.name:<28} {v.method:<7} {v.group:<22} {json.dumps(v.overrides)}")

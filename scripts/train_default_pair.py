@@ -128,6 +128,15 @@ def _save_done(path: Path, done: dict) -> None:
     tmp.replace(path)
 
 
+def quiet_hf_progress() -> None:
+    """transformers' "Loading weights" / "Writing model shards" bars only on a terminal (a GPU
+    run's log is a file)."""
+    if not sys.stderr.isatty():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
         "and the chunks --max-minutes gives; touch nothing, need no GPU",
     )
     args = ap.parse_args(argv)
-
+    quiet_hf_progress()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

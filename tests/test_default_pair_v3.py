@@ -280,7 +280,9 @@ def test_v3_tiny_end_to_end_writes_a_loadable_pair_and_a_bundle(
         humaneval.load_problems()
     except humaneval.HumanEvalMissing:
         have_he = False
-    recipe = replace(TINY, humaneval=have_he)
+    # P-EAGLE trained to depth 2 and measured at K = 3 too, as the ablation's choice (depth 7)
+    # is measured at K = 1..10
+    recipe = replace(TINY, humaneval=have_he, peagle=replace(TINY.peagle, k=2))
     monkeypatch.setitem(RECIPES, recipe.name, recipe)
     monkeypatch.setattr(report, "DOCS_DIR", tmp_path / "docs")
     work, pkg, out = tmp_path / "work", tmp_path / "pkg", tmp_path / "out"
@@ -305,6 +307,8 @@ def test_v3_tiny_end_to_end_writes_a_loadable_pair_and_a_bundle(
         {"evaluation", "humaneval"} if have_he else {"evaluation"}
     )
     assert info["drafters"]["peagle"]["settings"]["max_anchors"] == 4
+    # measured past its trained depth (2) like every other K
+    assert set(info["acceptance_length_by_set"]["evaluation"]["peagle"]) == {"1", "3"}
     # the evaluation prompts ship with the pair, and bench e2e finds them from the v3 record
     assert info["eval_prompts"]["file"] == "eval_prompts.jsonl" and "held_out_modules" not in corpus
     shipped = (pkg / "eval_prompts.jsonl").read_text()
@@ -558,3 +562,40 @@ def test_ablation_driver_resumes_across_calls_with_a_deadline(
     assert set(json.loads(choice.read_text())) == {"peagle", "eagle3"}
     dry = ["--device", "cuda", "--work-dir", str(tmp_path / "pair"), "--dry-run"]
     assert script.main([*dry, "--drafter-settings", str(choice)]) == 0
+
+
+def test_regen_budget_does_not_stop_at_a_slow_first_batch(tmp_path, monkeypatch):
+    """The first batch of a process is slow on a GPU (cuDNN plans for every cache length: 14 s,
+    then ~3.5 s per batch on the H200); a budget rule that assumed the next batch as slow as
+    the slowest stopped the ablation's 30-s regeneration after one batch of seven."""
+    from default_pair import regen
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, intermediate_size=48, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "target")
+    clock = {"now": 0.0, "batch": -1}
+    real_forward = regen._forward
+    new_tokens = 3
+
+    def forward(model, ids, cache):
+        if cache is None:
+            clock["batch"] += 1
+        # a batch's forwards take 10 s in all for the first batch, 1 s for every later one
+        clock["now"] += (10.0 if clock["batch"] == 0 else 1.0) / (new_tokens + 1)
+        return real_forward(model, ids, cache)
+
+    monkeypatch.setattr(regen, "_forward", forward)
+    monkeypatch.setattr(regen.time, "monotonic", lambda: clock["now"])
+    out = tmp_path / "regen.jsonl"
+    tokens = regen.regenerate(
+        tmp_path / "target", torch.randint(0, 50, (500,)), out, num_prompts=20,
+        prompt_tokens=4, new_tokens=new_tokens, temperatures=(0.0,), batch_size=2,
+        device=torch.device("cpu"), budget_s=13.0,
+    )  # fmt: skip
+    # batches start while less than 13 s are spent: 10, 11, 12, 13 -> four batches of two
+    assert len(out.read_text().splitlines()) == 8
+    assert tokens == 8 * (4 + new_tokens)

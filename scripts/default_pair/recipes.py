@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from default_pair.target_lm import TargetRecipe, TargetShape, planned_steps
@@ -169,7 +170,7 @@ RECIPES["gpu-v3"] = Recipe(
         lr=2e-3,
         warmup=200,
         max_epochs=2.0,
-        budget_minutes=7.0,
+        budget_minutes=5.0,  # ~140 M tokens at the measured 465 k tok/s: ~1.0 epochs
     ),
     # equal budgets: the comparison of the two heads is at equal training time; 5 minutes each
     # so that the whole run fits 3 calls of tools/h200.sh (its --dry-run simulates the calls:
@@ -183,14 +184,14 @@ RECIPES["gpu-v3"] = Recipe(
     eval_new_tokens=128,
     humaneval=True,
     validation_prompts=64,
-    # 10x v2's 7.7 M tokens would be 400000 x 192 (the cap); the budget decides how many are
-    # made: ~1.5 min gives ~3x v2, about what the heads' budgets can consume (--dry-run)
+    # 10x v2's 7.7 M tokens = 400000 x 192 (the cap): ~3 min at the measured ~3.5 s per batch
+    # of 8192 after a ~14-s first batch (the ablation reservation, 2026-12-02)
     regen_prompts=400000,
     regen_prompt_tokens=64,
     regen_new_tokens=128,
     regen_temperatures=(0.0,),
     regen_batch=8192,
-    regen_budget_minutes=1.5,
+    regen_budget_minutes=3.25,
     max_package_bytes=32 * 2**20,
     max_shard_bytes=15 * 2**20,
     measure_batch=64,
@@ -273,36 +274,37 @@ TARGET_STEP_FLOOR_S = 0.030  # HF Llama fwd+bwd+fused AdamW, 6 layers, eager (me
 HF_DECODE_STEP_S = 0.0079  # one cached HF forward of the target (regen), batch 256 (measured)
 DRAFTER_SEQ_S = {"peagle": 0.020, "eagle3": 0.006}  # per sequence: target fwd, COD, mask, fwd+bwd
 EAGLE3_PASS_S = 0.003  # eagle3: per serial TTT pass (block mask + 1-layer fwd/bwd)
-DRAFTER_START_S = 60.0  # load target + data, compile FlexAttention fwd/bwd (each call)
+DRAFTER_START_S = 25.0  # load target + data, compile FlexAttention fwd/bwd (each call; v3: ~20 s)
 ENGINE_STEP_S = 0.015  # one SpecDecoder step (draft + verify), no CUDA graphs
 CPU_STAGES_S = 30.0  # tokenizer + tokenize (CPU work on the device's cores)
 
 
-# v3 (corpus "site"; extrapolated from the v1/v2 measurements above, no v3 stage has run on an
-# H200 yet: the ablation reservation's log is the first measurement, and these follow it)
-SITE_CORPUS_BYTES = 394.5e6  # the H200 image's unique .py files (issue 19, measured)
-SITE_CORPUS_S = 25.0  # find, read, hash 24 k files, write the splits
-BPE_MB_PER_S = 4.0  # tokenizers BPE training, 16 cores (2 cores here: 1.6)
-ENCODE_MB_PER_S = 8.0  # tokenizers encode_batch, 16 cores (2 cores here: ~1)
-TARGET_TOKENS_PER_S_V1 = 600e3  # v1's 6 x 256 target (3.24 M non-embedding parameters)
-TARGET_V1_LAYER_PARAMS = 6 * (196_608 + 3 * 256 * 448)
-HF_DECODE_LAYER_S = 0.0020  # per layer of one cached forward at batch 8192 (6 layers, 256: 1.3 ms)
-DRAFTER_TOKENS_PER_S = {"peagle": 51e3 * 3 / 4, "eagle3": 25e3}  # v2's, peagle scaled to 4 layers
-TARGET_EXPORT_S = 25.0  # final train/validation loss (256 windows each) + bf16 export
+# v3 (corpus "site"): measured by the ablation reservation on the H200 (2026-12-02, commit
+# 2ade428, benchmarks/results/default-pair-v3-ablation.log) unless marked otherwise
+SITE_CORPUS_BYTES = 394.4e6  # the H200 image's unique .py files (384.4 + 7.5 + 2.5 MB)
+SITE_CORPUS_S = 13.0  # find, read, hash 24 k files, write the splits (12.6 s)
+BPE_MB_PER_S = 10.0  # tokenizers BPE training, 16 cores (67.3 MB in 6.7 s; 2 cores here: 1.6)
+ENCODE_MB_PER_S = 4.4  # stream selection + encode_batch, 16 cores (138 MB in 31.4 s)
+TARGET_TOKENS_PER_S_V3 = 465e3  # the 24 x 256 target, steady state (411-470 k tok/s in the log)
+TARGET_V3_LAYER_PARAMS = 24 * _layer_params(256, 256, 4, 2, 64, 352)  # the rate above is for it
+HF_DECODE_LAYER_S = 0.00113  # per layer of one cached forward at batch 8192 (3.5 s a batch / 129)
+REGEN_FIRST_BATCH_S = 11.0  # extra for the first batch of a process (cuDNN plans per length)
+DRAFTER_TOKENS_PER_S = {"peagle": 80e3, "eagle3": 32e3}  # 4-layer K=10 76-84 k, 1-layer 30-35 k
+TARGET_EXPORT_S = 5.0  # final train/validation loss (256 windows each) + bf16 export (~3 s)
 # The ablation's plan (scripts/ablate_default_pair.py --dry-run), per H200 call of tools/h200.sh:
 H200_CALL_S = 555.0  # CALL_SECONDS of tools/h200.sh: a call's wall time, build included
 H200_CALL_MARGIN_S = 25.0  # tools/h200.sh call_minutes(): the script's deadline is this earlier
-BUILD_S = 45.0  # measured: peagle's CUDA build on the H200 (README: 40 s; the first call only)
+BUILD_S = 100.0  # measured: tools/h200.sh's build on the H200, 98 s (the first call only)
 CALL_START_S = 15.0  # estimate: Python, torch/transformers imports and CUDA init, every call
-DRAFTER_COMPILE_S = 45.0  # estimate: the first variant of a call compiles FlexAttention fwd/bwd
-VARIANT_LOAD_S = 8.0  # estimate: peagle train loads the target + data (data: 2.4 s on the CPU)
+DRAFTER_COMPILE_S = 25.0  # the first variant of a call compiles FlexAttention fwd/bwd (~20 s)
+VARIANT_LOAD_S = 3.0  # peagle train loads the target + data (~1 s past the budget measured)
 VARIANT_SAVE_S = 3.0  # estimate: the final checkpoint + state of a head
 MEASURE_LOAD_S = 4.0  # estimate: the pair loaded by the measurement of one variant
 ENGINE_STEP_S_V3 = 0.030  # estimate: one SpecDecoder step, 24-layer target, batch 64, no graphs
 EAGLE3_DRAFT_PASS_S = 0.002  # estimate: each serial EAGLE-3 drafting pass inside a step
-TRAIN_SHARE = 0.82  # of the corpus bytes that end in the training stream (assumed, with margin)
-HELD_OUT_MB = 8.0  # validation + evaluation splits (the dev machine's venv: 2.2 + 3.3 MB)
-BYTES_PER_TOKEN = 3.0  # the 2048-token BPE on Python source (v2: 3.08)
+TRAIN_SHARE = 0.975  # of the corpus bytes that end in the training split (384.4 of 394.4 MB)
+HELD_OUT_MB = 10.0  # validation + evaluation splits (7.5 + 2.5 MB)
+BYTES_PER_TOKEN = 2.82  # the 2048-token BPE on the training split (validation 2.92)
 
 
 def target_params(r: Recipe) -> int:
@@ -402,7 +404,7 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
         t.hidden_size, t.hidden_size, t.hidden_size // t.head_dim, t.num_kv_heads, t.head_dim,
         t.intermediate_size,
     )  # fmt: skip
-    rate = TARGET_TOKENS_PER_S_V1 * TARGET_V1_LAYER_PARAMS / layer_params
+    rate = TARGET_TOKENS_PER_S_V3 * TARGET_V3_LAYER_PARAMS / layer_params
     train_tokens = train_mb * 1e6 / BYTES_PER_TOKEN
     cap = planned_steps(tt, int(train_tokens)) * tt.batch_size * tt.seq_len
     fit = tt.budget_minutes * 60 * rate if tt.budget_minutes > 0 else cap
@@ -420,8 +422,9 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
     step_s = HF_DECODE_LAYER_S * t.num_layers
     batch_s = (r.regen_new_tokens + 1) * step_s
     batches = -(-r.regen_prompts // r.regen_batch)
-    if r.regen_budget_minutes > 0:
-        batches = min(batches, max(1, int(r.regen_budget_minutes * 60 / batch_s)))
+    if r.regen_budget_minutes > 0:  # regen.py: batches start until the budget is spent
+        more = math.ceil(max(0.0, r.regen_budget_minutes * 60 - REGEN_FIRST_BATCH_S) / batch_s)
+        batches = min(batches, max(1, more))
     seq_tokens = r.regen_prompt_tokens + r.regen_new_tokens
     regen_tokens = batches * r.regen_batch * seq_tokens
     plan.append(
@@ -431,7 +434,7 @@ def _estimate_minutes_v3(r: Recipe) -> list[tuple[str, str, float]]:
             f"{r.regen_new_tokens}) = ~{regen_tokens / 1e6:.0f} M tokens "
             f"({regen_tokens / 7.68e6:.1f}x v2's 7.7 M; cap {r.regen_prompts} prompts), "
             f"{step_s * 1e3:.0f} ms per cached forward",
-            (batches * batch_s + 20) / 60,
+            (batches * batch_s + REGEN_FIRST_BATCH_S + 10) / 60,
         )
     )
     for name in ("peagle", "eagle3"):

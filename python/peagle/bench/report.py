@@ -89,9 +89,10 @@ def header(d: dict) -> str:
 
 def generate(results: Path, docs: Path) -> list[Path]:
     """Rewrite ``docs/results.md`` and the PNGs from ``results``; returns the written files."""
-    from peagle.bench import flashinfer_report, plots, released_report
+    from peagle.bench import flashinfer_report, kernel_profile_report, plots, released_report
 
     fams = {k: d for k in ("prep", "verify", "attention", "kv") if (d := load(results, k))}
+    profile = kernel_profile_report.load(results)
     lines = [
         "# Measured results (H200)",
         "",
@@ -120,6 +121,8 @@ def generate(results: Path, docs: Path) -> list[Path]:
                   "GB/s counts the logits bytes read once.", ""]  # fmt: skip
         lines += table(d, "vllm-multiop", "graph", "pct_of_copy")
         lines += [""] + flashinfer_report.verify_section(d)
+        if profile:
+            lines += kernel_profile_report.section(profile, "verify")
     if "attention" in fams:
         d = fams["attention"]
         present = {r["impl"] for r in d["rows"]}
@@ -144,6 +147,8 @@ def generate(results: Path, docs: Path) -> list[Path]:
                 if case in ours:
                     lines.append(f"| {case} | {ours[case]:.1f} | {fi} | {fi / ours[case]:.2f}x |")
         lines += [""]
+        if profile:
+            lines += kernel_profile_report.section(profile, "attention")
     # FlashInfer rows: in the attention file itself (one run), else a separate file of their own.
     fi_attn = load(results, "attention-flashinfer")
     if fi_attn is None and (fams.get("attention") or {}).get("flashinfer"):
