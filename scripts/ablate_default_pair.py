@@ -121,13 +121,14 @@ def _al_at(res: dict, k: int) -> float:
 def pick(results: dict[str, dict], pick_k: int, min_gain: float) -> dict:
     """``{"peagle": {field: value}, "eagle3": {...}}``: per head and switch, the overrides of the
     variant with the best validation AL at ``pick_k`` if its gain over the baseline exceeds
-    ``min_gain`` and twice its paired standard error. Variants without a result (not run yet) are
-    left out; a head without a baseline gets none."""
+    ``min_gain`` and twice its paired standard error. Variants without a result at ``pick_k``
+    (not run yet, or a P-EAGLE head trained shallower, measured at K <= its depth only) are left
+    out; a head without a baseline result at ``pick_k`` gets none."""
     choice: dict[str, dict] = {}
     by_name = {v.name: v for v in VARIANTS}
     for method in ("peagle", "eagle3"):
         base = results.get(f"{method}-base")
-        if base is None:
+        if base is None or str(pick_k) not in base["validation"]:
             continue
         base_al = _al_at(base, pick_k)
         chosen: dict = {}

@@ -414,6 +414,17 @@ def test_ablation_pick_uses_validation_al_and_a_noise_guard():
     }
 
 
+def test_ablation_pick_skips_a_head_whose_baseline_lacks_the_pick_k():
+    """A P-EAGLE baseline trained shallower than --pick-k is measured at K <= its depth only;
+    picking at a K it has no result for chose nothing instead of raising KeyError."""
+    import ablate_default_pair as ab
+
+    results = {"peagle-base": {"validation": {"3": {"acceptance_length": 2.0}}},
+               "peagle-anchors-16": _res(2.3), "eagle3-base": _res(2.0),
+               "eagle3-norm-before-residual": _res(2.4)}  # fmt: skip
+    assert ab.pick(results, 7, 0.02) == {"eagle3": {"norm_before_residual": True}}
+
+
 def test_ablation_noise_guard_is_a_paired_bootstrap_over_prompts():
     import ablate_default_pair as ab
 
