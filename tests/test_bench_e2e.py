@@ -4,6 +4,7 @@ identical across methods, held-out prompts, and the projection's code path."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -50,9 +51,7 @@ def test_e2e_resumes_in_chunks_and_merges(tmp_path, capsys):
     for key in ("gpu", "commit", "command", "torch", "settings", "prompts"):
         assert key in data
     assert data["gpu"] == "cpu" and data["settings"]["max_new_tokens"] == 8
-    assert (
-        data["prompts"]["held_out_modules"] == default_models.info()["corpus"]["held_out_modules"]
-    )
+    assert data["prompts"] == e2e._prompts(1)[1]  # what the prompts are: the shipped pair's record
     for key, row in data["configs"].items():
         assert set(row) >= ROW_KEYS, key
         assert e2e.config_key(row["method"], row["k"], row["concurrency"]) == key
@@ -99,7 +98,7 @@ def test_held_out_prompts_come_from_held_out_modules():
     from peagle.bench.prompts import held_out_prompts
 
     tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
-    modules = default_models.info()["corpus"]["held_out_modules"]
+    modules = ["json", "csv", "difflib", "heapq", "textwrap"]  # a v1/v2 record's kind of list
     a = held_out_prompts(tok, 5, modules)
     b = held_out_prompts(tok, 7, modules)
     assert [p["prompt"] for p in a] == [p["prompt"] for p in b[:5]]  # same sequence, extended
@@ -197,18 +196,31 @@ def test_e2e_prompts_of_a_v3_record_are_its_shipped_evaluation_prompts(tmp_path,
     """A v3 pair.json has no corpus.held_out_modules: bench e2e takes the evaluation split's
     prompts the pair ships (pair.json eval_prompts), in order; a v2 record still rebuilds its
     stdlib prompts; a record with neither is a clear error."""
+    from transformers import AutoTokenizer
+
     from peagle.bench.prompts import held_out_prompts
     from peagle.errors import UserError
 
-    v2_info = default_models.info()
-    v2_ids, v2_meta = e2e._prompts(3)  # the shipped (v2) pair: stdlib modules
-    from transformers import AutoTokenizer
+    # the shipped (v3) pair: its evaluation prompts, in order
+    info = default_models.info()
+    shipped = default_models.eval_prompts()
+    ids, meta = e2e._prompts(3)
+    assert ids == [list(r["token_ids"]) for r in shipped[:3]]
+    assert meta["held_out_distributions"] == info["corpus"]["evaluation"]["distribution_list"]
 
-    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
-    ref = held_out_prompts(tok, 3, v2_info["corpus"]["held_out_modules"], prompt_tokens=96,
-                           new_tokens=int(v2_info["eval"]["max_new_tokens"]))  # fmt: skip
+    # a v2 record (stdlib modules of the running interpreter), with the shipped tokenizer
+    target_dir = default_models.target_dir()
+    v2 = {"recipe": "gpu-v2", "corpus": {"held_out_modules": ["json", "csv", "heapq"]},
+          "eval": {"max_new_tokens": 96}}  # fmt: skip
+    _fake_pair(tmp_path / "v2", v2)
+    with monkeypatch.context() as m:
+        m.setattr(default_models, "ROOT", tmp_path / "v2")
+        m.setattr(default_models, "target_dir", lambda: target_dir)
+        v2_ids, v2_meta = e2e._prompts(3)
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    ref = held_out_prompts(tok, 3, ["json", "csv", "heapq"], prompt_tokens=96, new_tokens=96)
     assert v2_ids == [p["token_ids"] for p in ref]
-    assert v2_meta["held_out_modules"] == v2_info["corpus"]["held_out_modules"]
+    assert v2_meta["held_out_modules"] == ["json", "csv", "heapq"]
 
     rows = [{"token_ids": [i, i + 1, i + 2], "prompt": "x", "unit": "pkg", "path": "p.py"}
             for i in range(3)]  # fmt: skip
@@ -235,13 +247,7 @@ def test_e2e_prompts_of_a_v3_record_are_its_shipped_evaluation_prompts(tmp_path,
 def test_run_config_through_the_graph_layout():
     """cuda_graphs="emulate" runs the CUDA-graph static-buffer path eagerly (capture_all
     included): same greedy tokens as the plain eager loop."""
-    from transformers import AutoTokenizer
-
-    from peagle.bench.prompts import held_out_prompts
-
-    tok = AutoTokenizer.from_pretrained(str(default_models.target_dir()))
-    prompts = held_out_prompts(tok, 3, default_models.info()["corpus"]["held_out_modules"])
-    ids = [p["token_ids"] for p in prompts]
+    ids, _ = e2e._prompts(3)
     pairs = e2e._load_pair("cpu", projection.torch.float32, ["peagle", "eagle3"])
     for method in ("peagle", "eagle3"):
         target, drafter = pairs[method]
@@ -260,3 +266,29 @@ def test_projection_label_names_the_recorded_shape():
     )
     tiny = tune.projection_label({"projection_shape": projection.TINY_SHAPE.to_dict()})
     assert "~1B" not in tiny and "hidden 128, 4 layers" in tiny
+
+
+def test_dry_run_of_the_packaged_pair_runs_nothing(tmp_path, capsys, monkeypatch):
+    """--dry-run on the packaged pair printed nothing of a plan and ran the whole grid (10+
+    minutes on a CPU); it prints each config's expected AL (pair.json) and steps, and loads no
+    model."""
+
+    def no_load(*a, **k):
+        raise AssertionError("a dry run loaded the pair")
+
+    monkeypatch.setattr(e2e, "_load_pair", no_load)
+    out = tmp_path / "e2e.json"
+    argv = ["bench", "e2e", "--device", "cpu", "--k", "1", "7", "--concurrency", "1", "8",
+            "--num-prompts", "16", "--max-new-tokens", "33", "--dry-run", "--assume-step-ms",
+            "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert not out.exists()
+    al = default_models.info()["acceptance_length"]["peagle"]["7"]
+    row = next(line.split() for line in text.splitlines() if line.startswith("peagle,K=7,C=8"))
+    # 2 waves of 8 requests, each one prefill step + ceil(32 / AL) decode steps
+    steps = 2 * (1 + math.ceil(32 / al))
+    assert row[1:] == ["16", str(round(al, 3)), str(steps), str(round(steps * 2 / 6e4, 2))]
+    none = next(line.split() for line in text.splitlines() if line.startswith("none,K=0,C=1"))
+    assert none[2:4] == ["1.0", str(16 * 33)]
+    assert "total at the assumed step time" in text

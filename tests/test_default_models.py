@@ -16,8 +16,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_size_budget_and_record():
-    total = sum(f.stat().st_size for f in default_models.ROOT.rglob("*") if f.is_file())
-    assert total <= 16 * 1024 * 1024, total
+    # the whole pair within 32 MiB of the wheel, every file within a GPU run's 16-MiB return limit
+    files = [f for f in default_models.ROOT.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) <= 32 * 1024 * 1024
+    assert max(f.stat().st_size for f in files) <= 16 * 1024 * 1024
     info = default_models.info()
     assert info["python_version"].count(".") == 2
     assert set(info["acceptance_length"]) == {"peagle", "eagle3"}
@@ -29,8 +31,13 @@ def test_shapes_and_dtypes():
     cfg = json.loads((default_models.target_dir() / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["head_dim"] in (64, 128)
     for d in (default_models.target_dir(), *map(default_models.drafter_dir, ("peagle", "eagle3"))):
-        with safe_open(str(d / "model.safetensors"), "pt") as f:
-            dtypes = {f.get_slice(k).get_dtype() for k in f.keys() if k not in ("d2t", "t2d")}
+        # one file, or shards named by an index (the v3 target); never both
+        shards = sorted(d.glob("*.safetensors"))
+        assert shards and ((d / "model.safetensors.index.json").is_file() == (len(shards) > 1))
+        dtypes = set()
+        for shard in shards:
+            with safe_open(str(shard), "pt") as f:
+                dtypes |= {f.get_slice(k).get_dtype() for k in f.keys() if k not in ("d2t", "t2d")}
         assert dtypes == {"BF16"}, (d, dtypes)
     p = json.loads((default_models.drafter_dir("peagle") / "config.json").read_text())
     from transformers import AutoTokenizer
@@ -92,8 +99,8 @@ def test_generate_uses_the_packaged_pair_by_default(capsys):
 
 
 def test_generate_without_speculation_on_the_packaged_target(capsys):
-    """The packaged 4-layer target is too shallow for the EAGLE-3 default feature layers
-    ([2, 2, 1]); without a drafter it needs none (``peagle generate --method none`` crashed)."""
+    """Without a drafter the target needs no EAGLE-3 feature layers (``peagle generate --method
+    none`` crashed on the 4-layer CPU-recipe target, too shallow for the defaults)."""
     from peagle.cli import main
 
     argv = ["generate", "--prompt", "def parse(text):\n", "--max-new-tokens", "12", "--device",

@@ -7,6 +7,7 @@ installation producing a loadable pair and a bundle within the GPU run's return 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -610,3 +611,35 @@ def test_regen_budget_does_not_stop_at_a_slow_first_batch(tmp_path, monkeypatch)
     # batches start while less than 13 s are spent: 10, 11, 12, 13 -> four batches of two
     assert len(out.read_text().splitlines()) == 8
     assert tokens == 8 * (4 + new_tokens)
+
+
+def test_unpack_removes_stale_weights_next_to_a_sharded_target(tmp_path):
+    pkg, work, out, dest = (tmp_path / n for n in ("pkg", "work", "out", "dest"))
+    (pkg / "target").mkdir(parents=True)
+    (pkg / "peagle").mkdir()
+    work.mkdir()
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (pkg / "target" / name).write_bytes(os.urandom(64))
+    (pkg / "target" / "model.safetensors.index.json").write_text("{}")
+    (pkg / "peagle" / "model.safetensors").write_bytes(os.urandom(64))
+    (pkg / "pair.json").write_text(json.dumps({"recipe": "gpu-v9"}))
+    (work / "log.txt").write_text("log\n")
+    bundle.pack(pkg, work, out)
+    # the package being replaced: a single-file target (loaders prefer it over an index)
+    (dest / "target").mkdir(parents=True)
+    (dest / "target" / "model.safetensors").write_bytes(b"old")
+    (dest / "target" / "tokenizer.json").write_text("{}")
+    (dest / "eagle3").mkdir()
+    (dest / "eagle3" / "model.safetensors").write_bytes(b"kept: not in this bundle")
+    bundle.unpack(out, dest, tmp_path / "docs")
+    assert sorted(p.name for p in (dest / "target").iterdir()) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ]
+    for f in pkg.rglob("*"):
+        if f.is_file():
+            assert (dest / f.relative_to(pkg)).read_bytes() == f.read_bytes(), f
+    assert (dest / "eagle3" / "model.safetensors").read_bytes() == b"kept: not in this bundle"
+    assert (tmp_path / "docs" / "default-model-pair-gpu-v9-records" / "log.txt").is_file()

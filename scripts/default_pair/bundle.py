@@ -2,8 +2,10 @@
 
 ``pack``: every ``*.safetensors`` of the package as a file of its own (named
 ``<model>__<file>``), everything else (configs, tokenizer, ``pair.json``, results, report, logs)
-in ``records.tar.gz``. ``unpack`` restores the package directory and copies the report and
-records into ``docs/``::
+in ``records.tar.gz``. ``unpack`` restores the package directory (a model directory it restores
+loses the weight files the bundle does not hold: a sharded target must not sit next to an older
+``model.safetensors``, which loaders prefer) and copies the report into ``docs/`` and the work
+records into ``docs/default-model-pair-<recipe>-records/``::
 
     python scripts/default_pair/bundle.py unpack BUNDLE_DIR --package-dir DIR [--docs-dir DIR]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import shutil
 import sys
 import tarfile
@@ -64,24 +67,42 @@ def pack(package_dir: Path, work_dir: Path, out_dir: Path, recipe: object = None
     return files
 
 
+def _is_weights(name: str) -> bool:
+    return name.endswith(".safetensors") or name.endswith(".safetensors.index.json")
+
+
 def unpack(bundle_dir: Path, package_dir: Path, docs_dir: Path | None = None) -> None:
-    """Restore the package (and the records: ``docs_dir/<recipe>-records/``) from a bundle."""
+    """Restore the package (and the records: ``docs_dir/default-model-pair-<recipe>-records/``)
+    from a bundle."""
     bundle_dir, package_dir = Path(bundle_dir), Path(package_dir)
-    for f in sorted(bundle_dir.glob("*__*.safetensors")):
-        dst = package_dir.joinpath(*f.name.split("__"))
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, dst)
+    weights = {
+        package_dir.joinpath(*f.name.split("__")): f
+        for f in sorted(bundle_dir.glob("*__*.safetensors"))
+    }
     with tarfile.open(bundle_dir / RECORDS, "r:gz") as tar:
-        for m in tar.getmembers():
-            if not m.isfile() or ".." in Path(m.name).parts:
-                continue
+        members = [m for m in tar.getmembers() if m.isfile() and ".." not in Path(m.name).parts]
+        restored = set(weights)
+        restored |= {package_dir / m.name.partition("/")[2] for m in members}
+        restored = {p for p in restored if p.is_relative_to(package_dir)}
+        for model_dir in {p.parent for p in weights}:
+            for old in model_dir.glob("*") if model_dir.is_dir() else ():
+                if old.is_file() and _is_weights(old.name) and old not in restored:
+                    old.unlink()
+        for dst, f in weights.items():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dst)
+        recipe = "unknown"
+        for m in members:
+            if m.name == "package/pair.json":
+                recipe = json.loads(tar.extractfile(m).read()).get("recipe", recipe)
+        for m in members:
             top, _, rest = m.name.partition("/")
             if top == "package":
                 dst = package_dir / rest
             elif docs_dir is not None and top == "docs":
                 dst = Path(docs_dir) / rest
             elif docs_dir is not None and top == "work":
-                dst = Path(docs_dir) / "default-model-pair-records" / rest
+                dst = Path(docs_dir) / f"default-model-pair-{recipe}-records" / rest
             else:
                 continue
             dst.parent.mkdir(parents=True, exist_ok=True)

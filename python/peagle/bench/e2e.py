@@ -31,6 +31,7 @@ import argparse
 import gc
 import hashlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -305,7 +306,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--dry-run",
         action="store_true",
-        help="released shapes: print the configs and estimated memory, run nothing",
+        help="print the configs, each one's expected acceptance length (the packaged pair's "
+        "pair.json; released shapes: the rate table) and engine steps, run nothing (released "
+        "shapes: and the estimated memory)",
     )
     ap.add_argument(
         "--assume-step-ms",
@@ -430,9 +433,12 @@ def run(args: argparse.Namespace) -> int:
         return run_released(args, budget)
     args.concurrency = args.concurrency or list(DEFAULT_CONCURRENCY)
     args.max_new_tokens = args.max_new_tokens or 128
-    device = torch.device(check_device("--device", args.device))
     if any(k < 1 for k in args.k) or any(c < 1 for c in args.concurrency):
         raise UserError("bench e2e", "--k and --concurrency values must be >= 1")
+    if args.dry_run:
+        print_pair_dry_run(pair_dry_run(args))
+        return 0
+    device = torch.device(check_device("--device", args.device))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     num_prompts = max(args.num_prompts, max(args.concurrency))
     settings = {
@@ -484,6 +490,49 @@ def run(args: argparse.Namespace) -> int:
         print_tables(res.data)
     print(f"wrote {res.path}")
     return 0
+
+
+def pair_dry_run(args: argparse.Namespace) -> dict:
+    """The packaged pair's grid without running it: per config the expected acceptance length
+    (``pair.json``'s, measured on the recipe's evaluation prompts; 1 for none) and the engine
+    steps it implies (``ceil(prompts / C)`` waves of one prefill step + ``ceil((tokens - 1) /
+    AL)`` decode steps), and with ``--assume-step-ms`` the minutes."""
+    from peagle import default_models
+
+    if not default_models.available():
+        raise UserError("bench e2e", "this build has no packaged default model pair")
+    info = default_models.info()
+    al_table = info.get("acceptance_length", {})
+    num_prompts = max(args.num_prompts, max(args.concurrency))
+    rows = []
+    for method, k, c in plan(args.methods, args.k, args.concurrency):
+        al = 1.0 if method == "none" else al_table.get(method, {}).get(str(k))
+        if al is None:
+            raise UserError("bench e2e", f"--dry-run: pair.json has no acceptance length for "
+                            f"{method} at K={k}")  # fmt: skip
+        steps = math.ceil(num_prompts / c) * (1 + math.ceil((args.max_new_tokens - 1) / al))
+        row = {"key": config_key(method, k, c), "requests": num_prompts,
+               "expected_al": round(float(al), 3), "steps": steps}  # fmt: skip
+        if args.assume_step_ms is not None:
+            row["minutes_at_step_ms"] = round(steps * args.assume_step_ms / 6e4, 2)
+        rows.append(row)
+    return {"recipe": info.get("recipe", "?"), "num_prompts": num_prompts,
+            "max_new_tokens": args.max_new_tokens, "configs": rows}  # fmt: skip
+
+
+def print_pair_dry_run(plan_: dict) -> None:
+    print(f"packaged pair (recipe {plan_['recipe']}): {len(plan_['configs'])} configs, "
+          f"{plan_['num_prompts']} prompts x {plan_['max_new_tokens']} tokens each; expected AL "
+          "from pair.json")  # fmt: skip
+    cols = [c for c in ("key", "requests", "expected_al", "steps", "minutes_at_step_ms")
+            if c in plan_["configs"][0]]  # fmt: skip
+    print(" ".join(f"{c:>18s}" if c != "key" else f"{c:22s}" for c in cols))
+    for r in plan_["configs"]:
+        print(" ".join(f"{r[c]!s:>18s}" if c != "key" else f"{r[c]:22s}" for c in cols))
+    total = sum(r.get("minutes_at_step_ms", 0) for r in plan_["configs"])
+    if total:
+        print(f"total at the assumed step time: {total:.1f} min (+ engine build and CUDA-graph "
+              "capture per config)")  # fmt: skip
 
 
 def run_released(args: argparse.Namespace, budget: Budget) -> int:
