@@ -17,6 +17,12 @@
 #                           exit 75 = call again (the machine must stay warm: the work dir lives
 #                           on it), 0 = done: the pair and its records are in $OUT (<= 8 files
 #                           of <= 16 MiB; unpack with scripts/default_pair/bundle.py unpack)
+#   e2e [args]              issue 19's end-to-end run on the packaged pair: `peagle bench e2e --k 1 3
+#                           5 7 10 --concurrency 1 8 64 --num-prompts 64` (+ args) into
+#                           build/e2e/e2e-h200.json (kept on the warm machine between calls),
+#                           stopping in time for the 9.5-minute limit; exit 75 = call again
+#                           (SKIP_BUILD=1), 0 = done: then `peagle tune` per concurrency; the JSON,
+#                           its log and tune.txt are copied to $OUT after every call
 #   ablate [args]           the head ablation (scripts/ablate_default_pair.py) in build/ablate:
 #                           one reservation, target and data included (3 calls by its --dry-run;
 #                           the first builds, then SKIP_BUILD=1), each call stopping in time for
@@ -149,6 +155,21 @@ run_pair() {
   grep -vE "target: step [0-9]*[1-9]00/|^step " "$OUT/pair.log" | tail -40
   return $rc
 }
+run_e2e() {
+  local d=build/e2e rc=0
+  mkdir -p "$d"
+  python3 -m peagle bench e2e --device cuda --k 1 3 5 7 10 --concurrency 1 8 64 --num-prompts 64 \
+    --max-minutes "$(call_minutes)" --out "$d/e2e-h200.json" "$@" >> "$d/bench-e2e.log" 2>&1 || rc=$?
+  echo "e2e: rc=$rc ($([ $rc -eq 75 ] && echo 'work left: call again' || echo done))"
+  if [ $rc -eq 0 ]; then
+    python3 -m peagle tune --results "$d/e2e-h200.json" > "$d/tune.txt" 2>&1
+    echo "tune: rc=$?"; cat "$d/tune.txt"
+  else
+    tail -12 "$d/bench-e2e.log"
+  fi
+  for f in e2e-h200.json bench-e2e.log tune.txt; do [ -f "$d/$f" ] && cp "$d/$f" "$OUT/"; done
+  return $rc
+}
 run_ablate() {
   local w=${ABLATE_WORK_DIR:-build/ablate} lanes=${ABLATE_LANES:-1} rc=0
   local s=scripts/ablate_default_pair.py
@@ -183,8 +204,9 @@ case $cmd in
   bench) build; run_bench "$@" ;;
   ab) build; run_ab "$@" ;;
   pair) build; run_pair "$@"; exit $? ;;
+  e2e) build; run_e2e "$@"; exit $? ;;
   ablate) build; run_ablate "$@"; exit $? ;;
   flashinfer) build; run_flashinfer "$@" ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|ablate|flashinfer|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|e2e|ablate|flashinfer|all] ..."; exit 2 ;;
 esac
