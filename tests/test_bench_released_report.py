@@ -50,7 +50,7 @@ def crafted_row(method: str, k: int, c: int, ctx: int, tps: float, verify_ms: fl
         "method": method, "k": k, "concurrency": c, "num_requests": max(8, c),
         "max_new_tokens": 256, "output_tokens": 256 * max(8, c), "wall_s": 1.0,
         "tokens_per_s": tps, "tpot_ms": 1e3 * c / tps, "acceptance_length": al,
-        "tokens_per_step": al, "steps": 100, "prefill_steps": 8, "prefill_s": 0.1,
+        "tokens_per_step": al, "steps": 100, "graph_steps": 90, "verify_ms_per_step": None, "prefill_steps": 8, "prefill_s": 0.1,
         "decode_tokens_per_s": tps, "per_position_acceptance": [0.8] * k,
         "target_ms_per_step": 5.0 + k, "drafter_ms_per_step": 0.0 if k == 0 else 1.0,
         "overhead_ms_per_step": 0.2, "cuda_graphs": True, "outputs_sha1": "0" * 16,
@@ -141,9 +141,9 @@ def test_crafted_fixture_has_the_schema_of_a_real_run(tiny_run):
     cuda_only = {"allocated_gib", "peak_gib", "workspace_gib"}
     for part, keys in ours.items():
         assert real[part] <= keys and keys - real[part] <= cuda_only, part
-    if COMMITTED.exists():  # rows measured before the prefill budget existed lack its key
+    if COMMITTED.exists():  # rows measured before the prefill budget / graph-step count lack them
         committed = _keys(json.loads(COMMITTED.read_text()))
-        committed["row"] |= {"max_num_batched_tokens"}
+        committed["row"] |= {"max_num_batched_tokens", "graph_steps", "verify_ms_per_step"}
         assert ours == committed
 
 

@@ -229,8 +229,9 @@ def test_stop_tokens(llama, llama_refs, method):
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7])
-def test_max_new_tokens_caps_drafts(llama, llama_refs, max_new):
-    """EDGE_CASES E2: drafts never exceed the remaining budget minus the bonus token."""
+def test_max_new_tokens_caps_emitted_and_counted_drafts(llama, llama_refs, max_new):
+    """EDGE_CASES E2: nothing is emitted past the budget, and the statistics count only drafts
+    within the remaining budget minus the bonus token (K drafts are still verified)."""
     model, g, runner = llama
     eng = engine(runner, model, g, "peagle", 4)
     out = eng.generate([PROMPTS[3]], SamplingParams(max_new_tokens=max_new))[0]
@@ -238,6 +239,22 @@ def test_max_new_tokens_caps_drafts(llama, llama_refs, max_new):
     st = out.stats
     assert st.num_steps - 1 + st.num_accepted_tokens == max_new - 1  # every step emits a+1
     assert st.num_draft_tokens <= max(max_new - 2, 0) * 4
+    assert all(a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position))
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_steps_near_the_budget_stay_graph_uniform(llama, llama_refs, method):
+    """The last steps before ``max_new_tokens`` carry all K drafts, so with staggered budgets
+    every decode step replays a CUDA graph (here: the emulated graph layout) instead of falling
+    back to the eager path; outputs stay the target's greedy tokens."""
+    model, g, runner = llama
+    eng = engine(runner, model, g, method, 4, cuda_graphs="emulate", max_num_seqs=4)
+    budgets = [N, N - 3, N - 6, 5]
+    params = [SamplingParams(max_new_tokens=n) for n in budgets]
+    outs = eng.generate([PROMPTS[i] for i in range(4)], params)
+    for i, (o, n) in enumerate(zip(outs, budgets, strict=True)):
+        assert o.token_ids == llama_refs[i][:n] and o.finish_reason == "length"
+    assert eng.num_steps > 1 and eng.num_graph_steps == eng.num_steps - 1  # all but the prefill
 
 
 def test_max_model_len(llama, llama_refs):

@@ -138,6 +138,31 @@ def outputs_digest(token_lists: list[list[int]]) -> str:
     return hashlib.sha1(json.dumps(token_lists).encode()).hexdigest()[:16]
 
 
+def verify_ms(vocab_size: int, dtype: torch.dtype, k: int, b: int, device: torch.device) -> float:
+    """ms of ``verify_chain`` alone at a step's shape (``b`` requests x ``k`` greedy drafts, logits
+    in the target's dtype), CUDA graph of 20 calls, median of 50 replays: the verify share of
+    ``target_ms_per_step`` (which brackets target forward + verification)."""
+    from peagle import ops
+    from peagle.bench.timing import bench_graph
+
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(b * (k + 1), vocab_size, device=device, generator=g).to(dtype)
+    rows = torch.arange(b * (k + 1), device=device)
+    drafts = logits[rows[rows % (k + 1) != k]].float().argmax(-1).to(torch.int32)
+    cu = torch.arange(1, b + 1, device=device, dtype=torch.int32) * k
+    temp = torch.zeros(b, device=device)
+    seeds = torch.arange(b, device=device, dtype=torch.int64)
+    offsets = torch.zeros(b, device=device, dtype=torch.int64)
+    top_k = torch.zeros(b, device=device, dtype=torch.int32)
+    top_p = torch.ones(b, device=device)
+    mask = torch.ones(b, device=device, dtype=torch.bool)
+    fn = lambda i: ops.verify_chain(
+        logits, drafts, cu, temp, seeds, offsets, top_k=top_k, top_p=top_p, request_mask=mask,
+        max_num_draft_tokens=k,
+    )  # fmt: skip
+    return bench_graph(fn) / 1e3
+
+
 def run_config(
     target, drafter, method: str, k: int, concurrency: int, prompts: list[list[int]],
     max_new_tokens: int, cuda_graphs: str = "auto", synthetic=None,
@@ -167,6 +192,7 @@ def run_config(
     _sync(device)
 
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    engine.num_steps = engine.num_graph_steps = 0
     t0 = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     done, steps, prefill_s, prefill_steps = {}, 0, 0.0, 0
@@ -181,6 +207,7 @@ def run_config(
     _sync(device)
     wall = time.perf_counter() - t0
     outs = [done[i] for i in ids]
+    graph_steps = engine.num_graph_steps
     del engine
 
     st = [o.stats for o in outs]
@@ -215,6 +242,7 @@ def run_config(
             statistics.mean(s.num_generated_tokens / s.num_steps for s in st), 4
         ),
         "steps": steps,
+        "graph_steps": graph_steps,  # replayed from a CUDA graph; the others ran eagerly
         "prefill_steps": prefill_steps,
         "prefill_s": round(prefill_s, 4),
         # one token per request from its prefill step; the rest from decode steps (exact when no
@@ -223,6 +251,20 @@ def run_config(
         "per_position_acceptance": per_pos,
         "target_ms_per_step": round(target_ms, 4),
         "drafter_ms_per_step": round(drafter_ms, 4),
+        "verify_ms_per_step": (
+            round(
+                verify_ms(
+                    target.vocab_size,
+                    target.dtype,
+                    0 if method == "none" else k,
+                    concurrency,
+                    device,
+                ),
+                4,
+            )
+            if device.type == "cuda"
+            else None
+        ),  # measured alone at the step's shape; part of target_ms_per_step
         "overhead_ms_per_step": round(max(wall_ms - target_ms - drafter_ms, 0.0), 4),
         "cuda_graphs": device.type == "cuda" and cuda_graphs != "off",
         "max_num_batched_tokens": max_num_batched_tokens,

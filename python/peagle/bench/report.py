@@ -258,15 +258,19 @@ def step_breakdown(d: dict, concurrency: int = 1) -> list[str]:
         f"Per step at concurrency {concurrency} (ms; acceptance length AL = tokens per target "
         "step):",
         "",
-        "| method | K | AL | target ms | drafter ms | host overhead ms | tok/s |",
-        "|---|---|---|---|---|---|---|",
+        "| method | K | AL | target ms (incl. verify) | verify ms (alone) | drafter ms | "
+        "host overhead ms | graph steps | tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in rows:
         al = c.get("acceptance_length")
+        ver = c.get("verify_ms_per_step")
+        graphs = f"{c['graph_steps']} / {c['steps']}" if "graph_steps" in c else "-"
         out.append(
             f"| {c['method']} | {c['k']} | {al if al is not None else 1.0:.2f} | "
-            f"{c.get('target_ms_per_step', 0):.3f} | {c.get('drafter_ms_per_step', 0):.3f} | "
-            f"{c.get('overhead_ms_per_step', 0):.3f} | {c['tokens_per_s']:.0f} |"
+            f"{c.get('target_ms_per_step', 0):.3f} | {'-' if ver is None else f'{ver:.3f}'} | "
+            f"{c.get('drafter_ms_per_step', 0):.3f} | {c.get('overhead_ms_per_step', 0):.3f} | "
+            f"{graphs} | {c['tokens_per_s']:.0f} |"
         )
     return out + [""]
 

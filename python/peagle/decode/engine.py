@@ -175,6 +175,8 @@ class SpecDecoder:
             )  # fmt: skip
         self._last_drafts: torch.Tensor | None = None
         self._clock = PhaseClock(self.device)
+        self.num_steps = 0  # target passes run by step()
+        self.num_graph_steps = 0  # of them, replayed from a CUDA graph (the rest ran eagerly)
         if cuda_graphs not in ("auto", "on", "off", "emulate"):
             raise ValueError(f"cuda_graphs must be auto/on/off/emulate, got {cuda_graphs!r}")
         if cuda_graphs == "on" and self.device.type != "cuda":
@@ -246,6 +248,8 @@ class SpecDecoder:
         if b_pad is not None:
             self.graphs.prepare(b_pad)  # capture (resets the static buffers) before the upload
         batch = self.inputs.build(sched, b_pad, self._last_drafts)
+        self.num_steps += 1
+        self.num_graph_steps += b_pad is not None
 
         t0 = self._clock.start()
         if b_pad is not None:

@@ -167,6 +167,11 @@ class Request:
         applying the stop conditions (EOS / stop ids, ``max_new_tokens``, ``max_model_len``;
         nothing after a stop is emitted); returns whether the request finished."""
         assert 0 <= accepted <= num_drafts, (self.request_id, accepted, num_drafts)
+        # Drafts past the budget (the scheduler drafts K regardless, EDGE_CASES E2) are verified
+        # but never emitted; the statistics count only the drafts that could have been.
+        useful = min(
+            num_drafts, max(self.params.max_new_tokens - len(self.output_token_ids) - 1, 0)
+        )
         self.rng_offset += 1
         self.prefilled = True
         emitted = 0
@@ -184,7 +189,7 @@ class Request:
                 break
         # Statistics count emitted tokens only (EDGE_CASES X9): a stop inside the accepted
         # block drops the accepted drafts after it (and the bonus token).
-        self.stats.record_step(num_drafts, min(accepted, emitted))
+        self.stats.record_step(useful, min(accepted, emitted, useful))
         return self.finish_reason is not None
 
     def output(self) -> RequestOutput:

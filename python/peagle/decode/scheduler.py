@@ -144,16 +144,15 @@ class Scheduler:
         return (self.num_drafts(req) if req.draft_row is not None else 0) + 1
 
     def num_drafts(self, req: Request) -> int:
-        """Drafts the request's next verification may carry (EDGE E2: never more than the
-        remaining budget minus the bonus token, nor past ``max_model_len`` or the drafter's
-        position limit, EDGE C6). Non-increasing as the request grows."""
+        """Drafts the request's next verification may carry: its K, never past ``max_model_len``
+        or the drafter's position limit (EDGE C6). The ``max_new_tokens`` budget does not cap
+        them (EDGE E2): the commit emits nothing past it, and full-K steps stay uniform, so they
+        replay a CUDA graph instead of running eagerly. Non-increasing as the request grows."""
         if self.num_spec_tokens == 0 or req.num_spec_tokens == 0 or not req.prefilled:
             return 0
         n = req.num_tokens
-        remaining = req.params.max_new_tokens - len(req.output_token_ids)
         k = min(
             req.num_spec_tokens,
-            remaining - 1,
             self.max_model_len - n - 1,
             self.drafter_max_len - n + 1,
         )
