@@ -239,16 +239,23 @@ def test_max_new_tokens_caps_emitted_and_counted_drafts(llama, llama_refs, max_n
     st = out.stats
     assert st.num_steps - 1 + st.num_accepted_tokens == max_new - 1  # every step emits a+1
     assert st.num_draft_tokens <= max(max_new - 2, 0) * 4
-    assert all(a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position))
+    assert all(
+        a <= d for a, d in zip(st.accepted_per_position, st.drafted_per_position, strict=True)
+    )
 
 
+@pytest.mark.parametrize("tight", [False, True])
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
-def test_steps_near_the_budget_stay_graph_uniform(llama, llama_refs, method):
-    """The last steps before ``max_new_tokens`` carry all K drafts, so with staggered budgets
-    every decode step replays a CUDA graph (here: the emulated graph layout) instead of falling
-    back to the eager path; outputs stay the target's greedy tokens."""
+def test_steps_near_the_budget_stay_graph_uniform(llama, llama_refs, method, tight):
+    """The last steps before ``max_new_tokens`` (and, ``tight``, before a ``max_model_len`` of
+    exactly the longest prompt + budget, as ``bench e2e`` sets it) carry all K drafts, so with
+    staggered budgets every decode step replays a CUDA graph (here: the emulated graph layout)
+    instead of falling back to the eager path; outputs stay the target's greedy tokens."""
     model, g, runner = llama
-    eng = engine(runner, model, g, method, 4, cuda_graphs="emulate", max_num_seqs=4)
+    mml = max(len(p) for p in PROMPTS) + N if tight else None
+    eng = engine(
+        runner, model, g, method, 4, cuda_graphs="emulate", max_num_seqs=4, max_model_len=mml
+    )
     budgets = [N, N - 3, N - 6, 5]
     params = [SamplingParams(max_new_tokens=n) for n in budgets]
     outs = eng.generate([PROMPTS[i] for i in range(4)], params)

@@ -131,9 +131,9 @@ class SpecDecoder:
                 )
             self.drafter = drafter
             self.num_spec_tokens = int(num_speculative_tokens)
-            self.drafter_max_len = min(
-                self.max_model_len, int(drafter.config.max_position_embeddings)
-            )
+            # Positions, not the length budget: drafts near max_model_len stay full K (the
+            # commit stops at max_model_len) and their rows fit the reservation (Scheduler).
+            self.drafter_max_len = min(limit, int(drafter.config.max_position_embeddings))
             if method == "peagle":
                 drafter.check_parallel_drafting()
         self.block_size = block_size
@@ -154,7 +154,7 @@ class SpecDecoder:
         self.scheduler = Scheduler(
             num_blocks, block_size, max_num_seqs, self.max_model_len, self.drafter_max_len,
             self.num_spec_tokens, self.max_blocks_per_seq, self.vocab_size, eos_token_ids,
-            max_num_batched_tokens,
+            max_num_batched_tokens, position_limit=limit,
         )  # fmt: skip
         self.allocator = self.scheduler.allocator
         self.target_kv = target.make_kv_cache(num_blocks, block_size)

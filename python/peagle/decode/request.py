@@ -169,9 +169,11 @@ class Request:
         assert 0 <= accepted <= num_drafts, (self.request_id, accepted, num_drafts)
         # Drafts past the budget (the scheduler drafts K regardless, EDGE_CASES E2) are verified
         # but never emitted; the statistics count only the drafts that could have been.
-        useful = min(
-            num_drafts, max(self.params.max_new_tokens - len(self.output_token_ids) - 1, 0)
+        budget = min(
+            self.params.max_new_tokens - len(self.output_token_ids),
+            max_model_len - self.num_tokens,
         )
+        useful = min(num_drafts, max(budget - 1, 0))
         self.rng_offset += 1
         self.prefilled = True
         emitted = 0

@@ -5,8 +5,8 @@
 * **admission**: a waiting request starts when a batch slot is free and it can *reserve* the
   blocks of its longest possible sequence (so it never runs out mid-flight);
 * **positions**: :meth:`schedule` lays out each running request's target rows (a prefill: its
-  prompt; a decode: last token + ``k`` drafts, ``k`` capped by the remaining budget and context,
-  EDGE_CASES E2);
+  prompt; a decode: last token + ``k`` drafts, ``k`` capped only by the position limits, EDGE_CASES
+  E2/C6: the commit enforces the budgets);
 * **block accounting**: blocks are *allocated* from the reservation right before the forward that
   writes them (allocated == written, EDGE C7); target and drafter caches share block ids;
 * **release**: a finished request returns every block it holds or reserved.
@@ -40,18 +40,22 @@ class Scheduler:
         eos_token_ids: ids that end a request (unless its ``ignore_eos``).
         max_num_batched_tokens: the most rows a step runs (decode rows + admitted prompts; the
             step's first prompt is admitted regardless); None: no limit.
+        position_limit: the target's position limit (``max_position_embeddings``; default
+            ``max_model_len``): no draft row past it.
     """
 
     def __init__(
         self, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int,
         drafter_max_len: int, num_spec_tokens: int, max_blocks_per_seq: int, vocab_size: int,
         eos_token_ids: Sequence[int] = (), max_num_batched_tokens: int | None = None,
+        position_limit: int | None = None,
     ) -> None:  # fmt: skip
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.drafter_max_len = drafter_max_len
+        self.position_limit = max_model_len if position_limit is None else position_limit
         self.num_spec_tokens = num_spec_tokens
         self.max_blocks_per_seq = max_blocks_per_seq
         self.vocab_size = vocab_size
@@ -144,16 +148,18 @@ class Scheduler:
         return (self.num_drafts(req) if req.draft_row is not None else 0) + 1
 
     def num_drafts(self, req: Request) -> int:
-        """Drafts the request's next verification may carry: its K, never past ``max_model_len``
-        or the drafter's position limit (EDGE C6). The ``max_new_tokens`` budget does not cap
-        them (EDGE E2): the commit emits nothing past it, and full-K steps stay uniform, so they
-        replay a CUDA graph instead of running eagerly. Non-increasing as the request grows."""
+        """Drafts the request's next verification may carry: its K, with no draft row past the
+        target's or the drafter's position limit (EDGE C6). The budgets (``max_new_tokens``,
+        ``max_model_len``) do not cap them (EDGE E2): the commit emits nothing past them, the
+        rows fit the request's reservation (:meth:`_max_positions`), and full-K steps stay
+        uniform, so they replay a CUDA graph instead of running eagerly. Non-increasing as the
+        request grows."""
         if self.num_spec_tokens == 0 or req.num_spec_tokens == 0 or not req.prefilled:
             return 0
         n = req.num_tokens
         k = min(
             req.num_spec_tokens,
-            self.max_model_len - n - 1,
+            self.position_limit - n,
             self.drafter_max_len - n + 1,
         )
         return max(k, 0)
