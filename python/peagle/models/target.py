@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
+from peagle.models.fused import fuse_layer, rms_norm
 from peagle.models.paged import (
     AttentionMetadata,
     PagedKVCache,
@@ -136,6 +137,20 @@ class TargetRunner:
         self.window_left = [self._window_left(i) for i in range(self.num_layers)]
         self.has_sinks = [getattr(la.self_attn, "sinks", None) is not None for la in self.layers]
         self.load_plan = None  # set by from_pretrained for quantized checkpoints
+        # PEAGLE_FUSED_TARGET=0: transformers' own module forwards (for A/B runs).
+        self.fused_layers = os.environ.get("PEAGLE_FUSED_TARGET", "1") != "0"
+        self._fused: list | None = None
+        self._fused_for = None
+
+    def _fused_plan(self) -> list:
+        """Per layer, its :class:`~peagle.models.fused.FusedLayer` (rebuilt when the weights moved
+        to another device or dtype since)."""
+        key = (self.lm_head.weight.device, self.lm_head.weight.dtype)
+        if self._fused is None or self._fused_for != key:
+            self._fused = [fuse_layer(la) for la in self.layers]
+            self._final_norm = rms_norm(self.norm)
+            self._fused_for = key
+        return self._fused
 
     def set_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> None:
         """Use these 3 layers' input residual streams as the drafter features (from the
@@ -249,12 +264,17 @@ class TargetRunner:
         sin: torch.Tensor,
         meta: AttentionMetadata,
         kv: PagedKVCache,
+        fused=None,
     ) -> torch.Tensor:
         attn = self.layers[i].self_attn
         t = x.shape[0]
-        q = attn.q_proj(x).view(t, -1, self.head_dim)
-        k = attn.k_proj(x).view(t, -1, self.head_dim)
-        v = attn.v_proj(x).view(t, -1, self.head_dim)
+        if fused is None:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            q, k, v = fused.project_qkv(attn, x)
+        q = q.view(t, -1, self.head_dim)
+        k = k.view(t, -1, self.head_dim)
+        v = v.view(t, -1, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over head_dim before RoPE
             q = attn.q_norm(q)
             k = attn.k_norm(k)
@@ -298,15 +318,20 @@ class TargetRunner:
         x = self.embed_tokens(input_ids.long())
         cos, sin = rope_cos_sin(self.rotary_emb, x, meta.positions)
         aux = []
+        plan = self._fused_plan() if self.fused_layers else None
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
                 aux.append(x)
-            h = layer.input_layernorm(x)
-            x = x + self._attention(i, h, cos, sin, meta, kv)
-            x = x + _mlp(layer, layer.post_attention_layernorm(x))
+            if plan is None:
+                x = x + self._attention(i, layer.input_layernorm(x), cos, sin, meta, kv)
+                x = x + _mlp(layer, layer.post_attention_layernorm(x))
+                continue
+            f = plan[i]
+            x = x + self._attention(i, f.input_norm(x), cos, sin, meta, kv, f)
+            x = x + f.mlp(layer, f.post_norm(x), _mlp)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices.long())
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head((self.norm if plan is None else self._final_norm)(x))
         if not aux:  # no auxiliary layers (no drafter): an empty [T, 0] feature tensor
             return logits, x.new_empty((input_ids.shape[0], 0))
         return logits, torch.cat(aux, dim=-1)
