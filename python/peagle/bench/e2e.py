@@ -267,6 +267,11 @@ def run_config(
         ),  # measured alone at the step's shape; part of target_ms_per_step
         "overhead_ms_per_step": round(max(wall_ms - target_ms - drafter_ms, 0.0), 4),
         "cuda_graphs": device.type == "cuda" and cuda_graphs != "off",
+        # fused dense-layer paths (PEAGLE_FUSED_TARGET / PEAGLE_FUSED_DRAFTER, default on)
+        "fused_layers": {
+            "target": bool(getattr(target, "fused_layers", False)),
+            "drafter": method != "none" and bool(getattr(drafter, "fused_layers", False)),
+        },
         "max_num_batched_tokens": max_num_batched_tokens,
         "outputs_sha1": outputs_digest([o.token_ids for o in outs]),
     }

@@ -12,6 +12,7 @@ name layer 0 ``layers.0`` (:func:`speculators_to_peagle_names`); Qwen3-architect
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from peagle.models.drafter_config import DrafterConfig
+from peagle.models.fused import FusedLayer, fuse_layer, rms_norm, weights_key
 from peagle.models.paged import (
     AttentionMetadata,
     PagedKVCache,
@@ -60,12 +62,17 @@ class DrafterAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend, layer_index: int
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend, layer_index: int,
+        fused: FusedLayer | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = fused.project_qkv(self, x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
@@ -110,23 +117,43 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
-    def forward(self, embeds, x, residual, cos, sin, attend: AttendFn, layer_index: int):
+    def forward(
+        self, embeds, x, residual, cos, sin, attend: AttendFn, layer_index: int,
+        fused: DrafterLayerPlan | None = None,
+    ):  # fmt: skip
+        f = None if fused is None else fused.layer
+        input_norm = self.input_layernorm if f is None else f.input_norm
         if self.first:
-            e = self.input_layernorm(embeds)
+            hidden_norm = self.hidden_norm if fused is None else fused.hidden_norm
+            e = input_norm(embeds)
             if self.norm_before_residual:
-                x = self.hidden_norm(x)
+                x = hidden_norm(x)
                 residual = x
             else:
                 residual = x
-                x = self.hidden_norm(x)
+                x = hidden_norm(x)
             x = torch.cat([e, x], dim=-1)
         else:
             residual = residual + x
-            x = self.input_layernorm(residual)
-        x = self.self_attn(x, cos, sin, attend, layer_index)
+            x = input_norm(residual)
+        x = self.self_attn(x, cos, sin, attend, layer_index, f)
         residual = residual + x
-        x = self.mlp(self.post_attention_layernorm(residual))
-        return x, residual
+        if f is None:
+            return self.mlp(self.post_attention_layernorm(residual)), residual
+        return f.mlp(self, f.post_norm(residual), _module_mlp), residual
+
+
+def _module_mlp(layer: DrafterLayer, x: torch.Tensor) -> torch.Tensor:
+    return layer.mlp(x)
+
+
+class DrafterLayerPlan:
+    """A drafter layer's fused inference pieces (:mod:`peagle.models.fused`): the shared
+    :class:`FusedLayer` (norms, q/k/v and gate/up GEMMs) plus layer 0's ``hidden_norm``."""
+
+    def __init__(self, layer: DrafterLayer) -> None:
+        self.layer = fuse_layer(layer)
+        self.hidden_norm = rms_norm(layer.hidden_norm) if layer.first else None
 
 
 class Eagle3Drafter(nn.Module):
@@ -159,6 +186,10 @@ class Eagle3Drafter(nn.Module):
         else:
             self.t2d = None
         self._rotary: dict[torch.device, nn.Module] = {}
+        # Inference (no grad) runs the fused layer paths; training keeps the modules' forwards.
+        self.fused_layers = os.environ.get("PEAGLE_FUSED_DRAFTER", "1") != "0"
+        self._fused: list[DrafterLayerPlan] | None = None
+        self._fused_for: tuple | None = None
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -241,6 +272,20 @@ class Eagle3Drafter(nn.Module):
             self._rotary[dev] = LlamaRotaryEmbedding(self.config.llama_config()).to(dev)
         return self._rotary[dev]
 
+    def fused_plan(self) -> list[DrafterLayerPlan] | None:
+        """Per decoder layer, its fused inference pieces; None while gradients are enabled
+        (training differentiates through the modules' own parameters) or with
+        ``PEAGLE_FUSED_DRAFTER=0``. Fusing makes the q/k/v and gate/up weights views of one
+        tensor each (same values, no extra memory); rebuilt after ``.to()`` moves them."""
+        if not self.fused_layers or torch.is_grad_enabled():
+            return None
+        layers = self.decoder_layers()
+        if self._fused is None or self._fused_for != weights_key(layers):
+            self._fused = [DrafterLayerPlan(la) for la in layers]
+            self._final_norm = rms_norm(self.norm)
+            self._fused_for = weights_key(layers)  # of the rebound (concatenated) weights
+        return self._fused
+
     def project_target_hidden(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """``fc`` over the concatenated target features ``[T, 3*H_t] -> [T, H]`` (identity when
         ``use_aux_hidden_state`` is false)."""
@@ -304,10 +349,13 @@ class Eagle3Drafter(nn.Module):
         embeds = self.embed_tokens(input_ids.long())
         cos, sin = rope_cos_sin(self.rotary(), embeds, positions)
         x, residual = hidden_states, None
+        plan = self.fused_plan()
         for i, layer in enumerate(self.decoder_layers()):
-            x, residual = layer(embeds, x, residual, cos, sin, attend, i)
+            x, residual = layer(
+                embeds, x, residual, cos, sin, attend, i, None if plan is None else plan[i]
+            )
         prenorm = residual + x
-        return self.norm(prenorm), prenorm
+        return (self.norm if plan is None else self._final_norm)(prenorm), prenorm
 
     def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits ``[R, V_d]`` (times ``logit_scale``)."""
@@ -350,7 +398,10 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"save format {format!r} not in {SAVE_FORMATS}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        # Copies: fused weights are views of one tensor, which safetensors refuses to save.
+        state = {
+            k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.state_dict().items()
+        }
         if format == "speculators":
             d = self.config.to_speculators_dict(
                 parallel=self.supports_parallel_drafting,

@@ -28,6 +28,18 @@ _DENSE_MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
 _SILU = ("SiLU", "SiLUActivation")  # torch's, transformers' (ACT2FN["silu"])
 
 
+def weights_key(layers) -> tuple:
+    """What a fused plan of ``layers`` was built from: each layer's q and gate weights' data
+    pointers and dtypes. ``.to()`` rebinds weights to new storage (the key changes: rebuild);
+    in-place updates and loads keep the storage (the plan stays valid: it shares it)."""
+    key = []
+    for la in layers:
+        for mod in (getattr(la.self_attn, "q_proj", None), getattr(la.mlp, "gate_proj", None)):
+            w = getattr(mod, "weight", None)
+            key.append(None if w is None else (w.data_ptr(), w.dtype, w.device))
+    return tuple(key)
+
+
 def rms_norm(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``module``'s forward, fused when it is a plain transformers RMSNorm."""
     if type(module).__name__ not in _RMS_NORMS:

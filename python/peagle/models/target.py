@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
-from peagle.models.fused import fuse_layer, rms_norm
+from peagle.models.fused import fuse_layer, rms_norm, weights_key
 from peagle.models.paged import (
     AttentionMetadata,
     PagedKVCache,
@@ -143,13 +143,12 @@ class TargetRunner:
         self._fused_for = None
 
     def _fused_plan(self) -> list:
-        """Per layer, its :class:`~peagle.models.fused.FusedLayer` (rebuilt when the weights moved
-        to another device or dtype since)."""
-        key = (self.lm_head.weight.device, self.lm_head.weight.dtype)
-        if self._fused is None or self._fused_for != key:
+        """Per layer, its :class:`~peagle.models.fused.FusedLayer` (rebuilt when ``.to()`` gave
+        the weights new storage since: another device or dtype, and back)."""
+        if self._fused is None or self._fused_for != weights_key(self.layers):
             self._fused = [fuse_layer(la) for la in self.layers]
             self._final_norm = rms_norm(self.norm)
-            self._fused_for = key
+            self._fused_for = weights_key(self.layers)  # of the rebound (concatenated) weights
         return self._fused
 
     def set_aux_layer_ids(self, aux_layer_ids: Sequence[int]) -> None:
