@@ -55,7 +55,7 @@ def crafted_row(method: str, k: int, c: int, ctx: int, tps: float, verify_ms: fl
         "decode_tokens_per_s": tps, "per_position_acceptance": [0.8] * k,
         "target_ms_per_step": 5.0 + k, "drafter_ms_per_step": 0.0 if k == 0 else 1.0,
         "overhead_ms_per_step": 0.2, "cuda_graphs": True, "outputs_sha1": "0" * 16,
-        "max_num_batched_tokens": 65536,
+        "max_num_batched_tokens": 65536, "fused_layers": {"target": True, "drafter": True},
         "breakdown": {"target_pass_ms": 5.0 + k, "verify_ms": verify_ms,
                       "drafter_ms": 0.0 if k == 0 else 1.0,
                       "target_and_verify_ms": 5.0 + k + verify_ms, "host_ms": 0.2},
@@ -142,9 +142,14 @@ def test_crafted_fixture_has_the_schema_of_a_real_run(tiny_run):
     cuda_only = {"allocated_gib", "peak_gib", "workspace_gib"}
     for part, keys in ours.items():
         assert real[part] <= keys and keys - real[part] <= cuda_only, part
-    if COMMITTED.exists():  # rows measured before the prefill budget / graph-step count lack them
-        committed = _keys(json.loads(COMMITTED.read_text()))
-        committed["row"] |= {"max_num_batched_tokens", "graph_steps", "verify_ms_per_step"}
+    if COMMITTED.exists():  # rows measured before the prefill budget / graph-step count /
+        committed = _keys(json.loads(COMMITTED.read_text()))  # fused layers lack them
+        committed["row"] |= {
+            "max_num_batched_tokens",
+            "graph_steps",
+            "verify_ms_per_step",
+            "fused_layers",
+        }
         assert ours == committed
 
 

@@ -89,7 +89,13 @@ def header(d: dict) -> str:
 
 def generate(results: Path, docs: Path) -> list[Path]:
     """Rewrite ``docs/results.md`` and the PNGs from ``results``; returns the written files."""
-    from peagle.bench import flashinfer_report, kernel_profile_report, plots, released_report
+    from peagle.bench import (
+        e2e_repeats,
+        flashinfer_report,
+        kernel_profile_report,
+        plots,
+        released_report,
+    )
 
     fams = {k: d for k in ("prep", "verify", "attention", "kv") if (d := load(results, k))}
     profile = kernel_profile_report.load(results)
@@ -183,6 +189,7 @@ def generate(results: Path, docs: Path) -> list[Path]:
                   "then `peagle bench report`.", ""]  # fmt: skip
     else:
         lines += e2e_section(e2e)
+        lines += e2e_repeats.section(e2e, e2e_repeats.find(results, e2e))
         for fn, name in ((plots.tokens_per_s_vs_k, E2E_K_PNG),
                          (plots.speedup_vs_concurrency, E2E_C_PNG)):  # fmt: skip
             if fn(e2e, docs / name):
