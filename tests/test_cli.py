@@ -149,3 +149,19 @@ def test_generate_refuses_k_beyond_the_trained_depth(tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only torch")
 def test_demo_on_cuda_without_cuda_is_a_clear_error(capsys):
     user_error(capsys, ["demo", "--device", "cuda"], match="needs a CUDA build of torch")
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`peagle tune ... | head -1` used to end in a BrokenPipeError traceback (the output is
+    larger than a pipe buffer, so the writer outlives the reader)."""
+    rows = {
+        f"{m},K={k},C=1": {"method": m, "k": k, "concurrency": 1, "tokens_per_s": 100.0 + k}
+        for m, ks in (("none", [0]), ("peagle", range(1, 4000)), ("eagle3", range(1, 4000)))
+        for k in ks
+    }
+    res_file = tmp_path / "e2e.json"
+    res_file.write_text(json.dumps({"configs": rows}))
+    cmd = f"{sys.executable} -m peagle tune --results {res_file} | head -1"
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("== concurrency 1")
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -74,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("peagle: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`peagle tune ... | head`): stop quietly, like a pipe-aware tool, and
+        # keep Python's exit-time flush of stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
 
 
 if __name__ == "__main__":
