@@ -73,11 +73,12 @@ PR32628_A_K8 = {
     "peagle": [0.63, 0.38, 0.23, 0.14, 0.09, 0.05, 0.03, 0.02],
     "eagle3": [0.71, 0.49, 0.32, 0.21, 0.14, 0.09, 0.05, 0.03],
 }
-# benchmarks/results/e2e-h200.json, configs "peagle,K=10,C=1" / "eagle3,K=10,C=1" (commit 7d9ecb40):
-# per_position_acceptance (accepted / drafted at each position, rounded to 4 digits).
+# benchmarks/results/e2e-h200.json, configs "peagle,K=10,C=1" / "eagle3,K=10,C=1" (the v3 pair,
+# commit 2d699014, run 1): per_position_acceptance (accepted / drafted at each position, rounded
+# to 4 digits).
 DEFAULT_PAIR_A_K10 = {
-    "peagle": [0.5713, 0.2604, 0.1006, 0.0205, 0.006, 0.0015, 0.001, 0.001, 0.001, 0.001],
-    "eagle3": [0.4891, 0.278, 0.1687, 0.1124, 0.0689, 0.0496, 0.0361, 0.0282, 0.0214, 0.0168],
+    "peagle": [0.8254, 0.6136, 0.4675, 0.3675, 0.3214, 0.2694, 0.2172, 0.1496, 0.0708, 0.0218],
+    "eagle3": [0.757, 0.6144, 0.524, 0.4421, 0.4016, 0.3405, 0.2826, 0.2455, 0.2236, 0.1929],
 }
 
 TABLES = {
@@ -99,10 +100,11 @@ TABLES = {
     ),
     "default-pair": AcceptanceTable(
         name="default-pair",
-        source="peagle's packaged default pair, measured: benchmarks/results/e2e-h200.json "
-        "(H200, greedy, held-out prompts, K=10, concurrency 1, commit 7d9ecb40)",
+        source="peagle's packaged default pair (recipe v3), measured: "
+        "benchmarks/results/e2e-h200.json (H200, greedy, held-out prompts, K=10, concurrency 1, "
+        "commit 2d699014)",
         rule="r_1 = a_1, r_i = a_i / a_(i-1) from per_position_acceptance; r_10 beyond K=10 "
-        "(positions 8-10 of P-EAGLE rest on few accepted chains)",
+        "(P-EAGLE's positions 8-10 lie past its trained depth 7)",
         rates={m: tuple(conditional_from_unconditional(a)) for m, a in DEFAULT_PAIR_A_K10.items()},
         published={"per_position_acceptance_k10": DEFAULT_PAIR_A_K10},
     ),
