@@ -1786,3 +1786,113 @@ def test_cuda_topk_in_stats_bench_shape(b, monkeypatch):
         plain, cands = _topk_in_stats_both(case, monkeypatch)
         _assert_same(plain, cands)
         assert_matches(cands, reference(case), case)
+
+
+# ---------------------------------------------------------------------------------------------
+# chunk sampling (the default without top-k/top-p, draft_probs and exponentials) vs the tiled
+# path (PEAGLE_VERIFY_CHUNKS=0); SPEC §0.1: draws may differ only where rounding moves them
+# ---------------------------------------------------------------------------------------------
+
+
+def _shifted_rows(logits: torch.Tensor, shift: int) -> torch.Tensor:
+    """The same values in rows starting `shift` elements into a wider buffer: every row's first
+    16-byte boundary (the kernels' unaligned head) moves."""
+    if shift == 0:
+        return logits
+    shape = (logits.shape[0], logits.shape[1] + shift + 5)
+    wide = torch.full(shape, float("nan"), dtype=logits.dtype, device=logits.device)
+    wide[:, shift : shift + logits.shape[1]] = logits
+    return wide[:, shift : shift + logits.shape[1]]
+
+
+def _chunked_and_tiled(case: Case, monkeypatch) -> tuple[VerifyOutput, VerifyOutput]:
+    monkeypatch.setenv("PEAGLE_VERIFY_CHUNKS", "0")
+    tiled = run_op(case, "cuda")
+    monkeypatch.setenv("PEAGLE_VERIFY_CHUNKS", "1")
+    return run_op(case, "cuda"), tiled
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "vocab,b,reps",
+    [(201088, 1, 48), (201088, 64, 3), (151936, 8, 12), (32001, 256, 2), (4097, 3, 40),
+     (111, 16, 20), (7, 5, 30)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("shift", [0, 3])
+def test_cuda_chunk_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeypatch):
+    gen = torch.Generator().manual_seed(vocab + b + shift + int(dtype.itemsize))
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    temps[0] = 0.0 if b > 4 else temps[0]  # a greedy request among random ones
+    # Peaked rows and drafts that mostly follow the argmax: rejected drafts often hold most of
+    # their chunk's mass (the excluded chunk is recomputed without them).
+    case = make_case(counts, vocab, gen, temps=temps, dtype=dtype, scale=4.0, p_follow=0.9)
+    # On the device: run_op's .to("cuda") of a CPU view would make it contiguous again.
+    case["target_logits"] = _shifted_rows(case["target_logits"].cuda(), shift)
+    sampled = differ = 0
+    for rep in range(reps):
+        case["offsets"] = torch.arange(b, dtype=torch.int64) * 5 + 1000 * rep
+        chunked, tiled = _chunked_and_tiled(case, monkeypatch)
+        check_invariants(chunked, case)
+        assert torch.equal(chunked.num_accepted, tiled.num_accepted)  # the decisions are shared
+        same = (chunked.output_token_ids == tiled.output_token_ids).all(dim=1)
+        sampled += sum(1 for t in temps if t > 0)
+        differ += int((~same).sum())
+    assert sampled > 0
+    assert differ <= max(1, int(0.001 * sampled)), (differ, sampled)
+
+
+@requires_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("shift", [0, 1])
+def test_cuda_chunk_sampling_distribution(shift):
+    """Emitted first tokens follow the target with the support spread over every chunk, the
+    draft (rejected half the time) dominating its chunk, and rows whose unaligned head varies
+    (odd vocabulary, bf16): chi-square, with a power check."""
+    vocab, trials, temp = 4099, 100_000, 1.0
+    gen = torch.Generator().manual_seed(99 + shift)
+    row = torch.full((vocab,), -math.inf)
+    support = torch.linspace(0, vocab - 1, 48).round().long()
+    row[support] = torch.randn(48, generator=gen) * 0.5
+    x = int(support[24]) + 1  # the draft, next to a support token of small mass
+    row[x] = 3.5
+    row[x + 2] = -1.0
+    logits = torch.stack([row, torch.randn(vocab, generator=gen)]).to(torch.bfloat16)
+    case = make_case([1] * trials, 1, gen, temps=temp)  # layout only; the rest is replaced
+    big = logits.cuda().repeat(trials, 1)
+    case["target_logits"] = _shifted_rows(big, shift) if shift else big
+    case["draft_token_ids"] = torch.full((trials,), x, dtype=torch.int32)
+    case["seeds"] = torch.full((trials,), 4242 + shift, dtype=torch.int64)
+    case["offsets"] = torch.arange(trials, dtype=torch.int64)
+    got = run_op(case, "cuda")
+    s = scores(logits[0].float(), temp)
+    p = target_probs(s, kept_mask(s, 0, 1.0))
+    assert 0.3 < float(p[x]) < 0.8 and float((got.num_accepted == 0).float().mean()) > 0.2
+    assert _chi2_pvalue(got.output_token_ids[:, 0], p) > 1e-4
+    wrong = 0.9 * p + 0.1 * (p > 0).double() / float((p > 0).sum())
+    assert _chi2_pvalue(got.output_token_ids[:, 0], wrong) < 1e-6
+
+
+@requires_cuda
+def test_cuda_fused_chunk_sampling_resets_counters_on_empty_rows(monkeypatch):
+    """Fused path + chunk sampling: a sampled row without mass (all -inf, NaN or +inf; no drafts,
+    so the bonus row is sampled at once) must still reset the request's counters, or the next
+    launch's sampling item reads a stale decision."""
+    monkeypatch.setenv("PEAGLE_VERIFY_CHUNKS", "1")
+    gen = torch.Generator().manual_seed(81)
+    v, counts = 4097, [0, 2, 0, 0, 3]
+    temps = [0.8, 0.9, 1.1, 0.7, 1.0]
+    empty = make_case(counts, v, gen, temps=temps, dtype=torch.bfloat16)
+    empty["target_logits"][0] = -math.inf
+    empty["target_logits"][4] = float("nan")
+    empty["target_logits"][5] = math.inf
+    normal = make_case(counts, v, gen, temps=temps, dtype=torch.bfloat16, scale=0.5)
+    monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "0")
+    want = [run_op(c, "cuda") for c in (empty, normal)]
+    monkeypatch.setenv("PEAGLE_VERIFY_FUSED", "1")
+    for _ in range(5):
+        for c, w in zip((empty, normal), want, strict=True):
+            got = run_op(c, "cuda")
+            check_invariants(got, c)
+            _assert_same(w, got)

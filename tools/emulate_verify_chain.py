@@ -2,22 +2,45 @@
 checking their index math and selection logic without a GPU.
 
 It mirrors the kernels' data flow, not their lanes: the launch plan (splits per row, CTAs per
-request), row_stats' split partition (unaligned head, 16-byte body vectors handed to the 256
-threads, tail; each thread's elements in order), the per-thread argmax / online normaliser and
-the top-k candidate bound (k-th largest per-thread maximum of a split), row_filter's candidate
-bound, candidate collection (capacity, overflow fallback), the radix selections exactly as
-written (11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the
-candidate bound), decide_sample's acceptance chain and the two-level inverse-CDF sampling
-(fp64 tile masses from float32 per-thread sums, the tile and owner search with its fallbacks),
-and the fused path's work queue (item mapping, ordering, an event simulation of its counters).
+request), row_stats' split partition (stream_split: every warp of a split takes a contiguous
+chunk of the split's 16-byte body vectors (chunk_range), lane-strided; the unaligned head goes to
+warp 0 of split 0, the tail to the last warp of the last split; each thread's elements in order),
+the per-thread argmax / online normaliser, the per-warp merge (warp_mzi's shuffle tree, whose
+(m, z) is the chunk mass record chunk_mz of random rows) and the merge over the warps, the top-k
+candidate bound (k-th largest per-thread maximum of a split), row_filter's candidate bound,
+candidate collection (capacity, overflow fallback), the radix selections exactly as written
+(11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the candidate
+bound), decide_sample's acceptance chain and its inverse-CDF sampling, and the fused path's work
+queue (item mapping, ordering, an event simulation of its counters). Sampling takes one of two
+paths, as in the kernels:
+
+* chunk sampling (the default without top_k/top_p, draft_probs and exponentials; one CTA per
+  request): level 1, the chunk masses float(z_c * fast_weight(m_c, m log2 e)) from row_stats'
+  chunk_mz, the excluded draft's chunk less the draft's weight (subtracted when that keeps at
+  least half of the chunk's mass, else summed without it), the chunk and the target inside it by
+  pick_mass (per-thread segments, exclusive scan, the owner search with its fallbacks); level 2,
+  the chunk's per-thread contiguous shares of 8-token groups from lo & ~7 (float32 running sums,
+  weights 0 outside the chunk), the owner share by the same search and the token by walking it;
+* tiled (everything else, and every row with --tiled, as PEAGLE_VERIFY_CHUNKS=0): fp64 tile
+  masses of the whole row from float32 per-thread sums, the tile and owner search with its
+  fallbacks, then the token inside the tile.
+
 MUFU.EX2 is modelled by float32 exp2 (its 2^-22 error is far inside the tests' slack).
 
 Each case is compared with the CPU op (torch.ops.peagle.verify_chain on CPU): rows may differ
-only where the fp64 reference says a decision is within rounding of flipping (the tests' rule).
-Also checked: the sampled token is the exact fp64 inverse-CDF answer on the same weights or a
-neighbour within rounding of the target.
+only where the fp64 reference says a decision is within rounding of flipping (the tests' rule);
+cases where chunk sampling applies are also run through the tiled path, with the same rule.
+Also checked: warp w of split s streams exactly the tokens [lo, hi) of chunk_range's chunk
+s * 8 + w, and the chunks tile the row in order; every chunk mass is the exact sum of its
+tokens' weights within float rounding; the tiled path's sampled token is the exact fp64
+inverse-CDF answer on the same weights or a neighbour within rounding of the target; the chunk
+path's chunk and token are the exact fp64 inverse-CDF answers on the chunk masses and on the
+chunk's weights (or neighbours within rounding), and its token lies within the chunk masses'
+rounding of the exact answer over the whole row.
 
     python tools/emulate_verify_chain.py            # random cases, prints a summary
+    python tools/emulate_verify_chain.py --tiled [N]   # the tiled path everywhere
+                                                    # (PEAGLE_VERIFY_CHUNKS=0)
     python tools/emulate_verify_chain.py --topk-in-stats [N]   # the PEAGLE_VERIFY_TOPK_IN_STATS
                                                     # candidate path vs the full path
 """
@@ -38,12 +61,15 @@ from reference import philox as rph  # noqa: E402
 import peagle  # noqa: E402,F401
 
 THREADS = 256
+WARP = 32
+WARPS = THREADS // WARP
 CAND_CAP = 4096
 MIN_STATS_ELEMS = 4096
 STATS_TOPK = 64  # PEAGLE_VERIFY_TOPK_IN_STATS: kStatsTopK, kThreadTop, kStatsCandCap
 THREAD_TOP = 4
 STATS_CAND_CAP = 128
 SMS = 132
+SAMPLE_CTAS_PER_SM = 3  # kSampleCtasPerSm: decide_sample residency (heuristics sample_ctas)
 LOG2E = np.float32(1.4426950408889634)
 MASS_SCALE = 4294967296.0
 F32 = np.float32
@@ -95,6 +121,53 @@ def weight_of(s, m) -> np.float32:
         return F32(np.exp(F32(s) - F32(m)))
 
 
+def merge_mzi(a: tuple, b: tuple) -> tuple:
+    """merge_mzi: (m, z, idx) of two partials, z rescaled to the merged max with precise expf
+    (argmax_merge: larger value, ties to the lower index; idx < 0 is empty)."""
+    if b[2] < 0:
+        am, ai = a[0], a[2]
+    elif a[2] < 0 or b[0] > a[0] or (b[0] == a[0] and b[2] < a[2]):
+        am, ai = b[0], b[2]
+    else:
+        am, ai = a[0], a[2]
+    m = NEG_INF if ai < 0 else am
+    z = F32(0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for pm, pz, pidx in (a, b):
+            if pidx >= 0:
+                z = F32(z + (pz if pm == m else F32(pz * np.exp(F32(pm - m)))))
+    return (m, z, ai)
+
+
+def warp_mzi(lanes: list) -> tuple:
+    """warp_mzi: lane 0's result of the shuffle-down tree over 32 lanes (at distance d, lane i
+    merges lane i + d; lane 0 depends only on lanes i < d at each step, never on a shuffle from
+    past the warp)."""
+    a = list(lanes)
+    d = WARP // 2
+    while d > 0:
+        a = [merge_mzi(a[i], a[i + d]) for i in range(d)]
+        d //= 2
+    return a[0]
+
+
+def seq_sum(values) -> float:
+    """fp64 sum in index order (one thread's loop)."""
+    acc = 0.0
+    for v in values:
+        acc += float(v)
+    return acc
+
+
+def cdf_near(cum: np.ndarray, w: np.ndarray, got: int, t: float, tol: float) -> bool:
+    """Token `got` has weight and its cumulative-weight interval [cum[got] - w[got], cum[got])
+    holds t up to `tol`: the exact inverse-CDF answer (first index with cum > t), or a neighbour
+    where t is within `tol` of the boundary between them."""
+    if not (0 <= got < len(w) and w[got] > 0):
+        return False
+    return cum[got] - float(w[got]) - tol <= t < cum[got] + tol
+
+
 # ---------------------------------------------------------------------------------------------
 # the emulated op
 # ---------------------------------------------------------------------------------------------
@@ -109,12 +182,15 @@ class Emu:
         min_stats_elems: int = MIN_STATS_ELEMS,
         tile_threads: int = THREADS,
         topk_in_stats: bool = False,
+        chunks: bool = True,
     ):
         """``misalign``: elements between an aligned base and row 0 (emulates the row addresses;
         rows are ``V`` elements apart unless the logits are a strided view). Smaller
         ``min_*`` than the kernels' constants give more splits on small vocabularies, and fewer
-        ``tile_threads`` (threads of an inverse-CDF tile and of its level-B search, 256 in the
-        kernel) more tiles, each thread owning several (the index math is the same)."""
+        ``tile_threads`` (threads of an inverse-CDF tile and of its level-B search, and of the
+        chunk path's chunk search and chunk shares; 256 in the kernel) more tiles, each thread
+        owning several tiles, chunks or 8-token groups (the index math is the same).
+        ``chunks`` False: the tiled path everywhere (PEAGLE_VERIFY_CHUNKS=0)."""
         self.c = case
         lg = case["target_logits"]
         self.dtype = lg.dtype
@@ -154,12 +230,30 @@ class Emu:
         self.nsplit = int(min(max(1, -(-8 * SMS // rows)), elems_cap))
         self.tile_threads = tile_threads
         tiles = -(-self.V // (8 * tile_threads))
-        self.nsample = int(min(max(1, -(-8 * SMS // b)), tiles))
+        # plan(): chunk sampling without top_k / top_p, draft_probs and exponentials tensors
+        # (emulated wherever it applies, as PEAGLE_VERIFY_CHUNKS=1; the kernels' default takes it
+        # from 32 requests: verify_chain_heuristics::use_chunks); then one decide_sample CTA per
+        # request, else heuristics sample_ctas.
+        self.chunks = (
+            chunks
+            and case["top_k"] is None
+            and case["top_p"] is None
+            and self.q is None
+            and self.E is None
+        )
+        self.nsample = (
+            1 if self.chunks else int(min(max(1, (SAMPLE_CTAS_PER_SM * SMS) // b), tiles))
+        )
         self.cand_cap = int(min(CAND_CAP, max(32, (64 << 20) // 4 // rows)))
         self.topk_in_stats = topk_in_stats
         self.stats = {}
         self.skip_checks = 0
         self.cdf_neighbours = 0
+        self.chunk_mz = {}  # row -> [(m, z)] per chunk (random rows with chunk sampling)
+        self.chunk_samples = self.chunk_picked_excluded = 0
+        self.chunk_excluded = self.chunk_summed = 0  # excluded chunks: subtracted / summed
+        self.chunk_max_rel = 0.0  # largest |chunk mass - exact chunk sum| / exact row sum
+        self.no_arrival = set()  # requests whose chunk sampling returned before arrive_last
 
     # -- requests ---------------------------------------------------------------------------------
     def span(self, r):
@@ -211,28 +305,63 @@ class Emu:
         return info
 
     # -- kernel 1: row_stats ----------------------------------------------------------------------
-    def thread_elements(self, row, split, nsplit):
-        """Element indices per thread, in each thread's processing order, grouped as the
-        kernel's callback calls (scalars, then 16-byte vectors, then scalars)."""
+    def row_body(self, row):
+        """row_body: (head scalars before the first 16-byte boundary, 16-byte vectors, body end)."""
         epv = 16 // self.es
         addr = (self.misalign + row * self.row_stride) * self.es
-        head = ((16 - addr % 16) % 16) // self.es
-        head = min(head, self.V)
+        head = min(((16 - addr % 16) % 16) // self.es, self.V)
         nvec = (self.V - head) // epv
-        body_end = head + nvec * epv
-        vb = nvec * split // nsplit
-        ve = nvec * (split + 1) // nsplit
+        return head, nvec, head + nvec * epv
+
+    def chunk_range(self, row, split, nsplit, warp):
+        """chunk_range: chunk split * 8 + warp of a row as tokens [lo, hi) and body vectors
+        [vb, ve) (int64 floor divisions); chunk 0 also holds the head, the last one the tail."""
+        head, nvec, _ = self.row_body(row)
+        epv = 16 // self.es
+        sb = nvec * split // nsplit
+        n = nvec * (split + 1) // nsplit - sb
+        vb = sb + n * warp // WARPS
+        ve = sb + n * (warp + 1) // WARPS
+        lo = 0 if split == 0 and warp == 0 else head + vb * epv
+        hi = self.V if split == nsplit - 1 and warp == WARPS - 1 else head + ve * epv
+        return lo, hi, vb, ve
+
+    def thread_elements(self, row, split, nsplit):
+        """Element indices per thread, in each thread's processing order, grouped as the
+        kernel's callback calls (stream_split: warp 0 of split 0 takes the head scalars, warp w
+        the body vectors [vb, ve) of its chunk lane-strided, the last warp of the last split the
+        tail scalars). Checks that every warp streams exactly its chunk's tokens."""
+        head, nvec, body_end = self.row_body(row)
+        epv = 16 // self.es
         calls = [[] for _ in range(THREADS)]
-        if split == 0:
-            for v in range(head):
-                calls[v % THREADS].append([v])
-        for i in range(vb, ve):
-            t = (i - vb) % THREADS
-            calls[t].append(list(range(head + i * epv, head + (i + 1) * epv)))
-        if split == nsplit - 1:
-            for v in range(body_end, self.V):
-                calls[(v - body_end) % THREADS].append([v])
+        for w in range(WARPS):
+            lo, hi, vb, ve = self.chunk_range(row, split, nsplit, w)
+            t0 = w * WARP
+            if split == 0 and w == 0:
+                for v in range(head):
+                    calls[t0 + v % WARP].append([v])
+            for i in range(vb, ve):
+                calls[t0 + (i - vb) % WARP].append(
+                    list(range(head + i * epv, head + (i + 1) * epv))
+                )
+            if split == nsplit - 1 and w == WARPS - 1:
+                for v in range(body_end, self.V):
+                    calls[t0 + (v - body_end) % WARP].append([v])
+            seen = sorted(v for t in range(t0, t0 + WARP) for vec in calls[t] for v in vec)
+            assert seen == list(range(lo, hi)), f"row {row} chunk ({split}, {w}): [{lo}, {hi})"
+            for t in range(t0, t0 + WARP):
+                flat = [v for vec in calls[t] for v in vec]
+                assert flat == sorted(flat), f"row {row} thread {t}: out of order"
         return calls
+
+    def check_chunks_tile(self, row):
+        """The chunks of a row tile [0, V) in order (chunk_range's claim)."""
+        ends = [self.chunk_range(row, c // WARPS, self.nsplit, c % WARPS)[:2]
+                for c in range(self.nsplit * WARPS)]  # fmt: skip
+        assert ends[0][0] == 0 and ends[-1][1] == self.V, (row, ends[0], ends[-1])
+        for (lo0, hi0), (lo1, hi1) in zip(ends[:-1], ends[1:], strict=True):
+            assert lo0 <= hi0 == lo1 <= hi1, (row, (lo0, hi0), (lo1, hi1))
+        return ends
 
     def row_stats(self, row, split, info):
         calls = self.thread_elements(row, split, self.nsplit)
@@ -261,16 +390,23 @@ class Emu:
             per_thread.append((bval, z, bidx))
         if self.stats_cands_row(info):
             self.topk_meta[row][split] = self.stats_cands(row, split, info, calls)
-        # block merge (order irrelevant for the logic; float rounding aside)
-        m, idx = NEG_INF, -1
-        for bval, _, bidx in per_thread:
-            if bidx >= 0 and (bval > m or (bval == m and bidx < idx)):
-                m, idx = bval, bidx
-        z = F32(0.0)
-        if info["mode"] != "greedy" and idx >= 0:
-            for bval, zt, bidx in per_thread:
-                if bidx >= 0:
-                    z = F32(z + zt * np.exp(np.float32(bval - m)))
+        # Per warp: warp_mzi's shuffle tree (greedy rows: the argmax with z = 0, the same tree
+        # gives the first index of the maximum); random rows with chunk sampling record every
+        # warp's (m, z) as chunk_mz[row, split * 8 + warp]. Then thread 0 merges the 8 warps in
+        # order.
+        warps = []
+        for w in range(WARPS):
+            lanes = [(bv, F32(0.0) if info["mode"] == "greedy" else zt, bi)
+                     for bv, zt, bi in per_thread[w * WARP : (w + 1) * WARP]]  # fmt: skip
+            a = warp_mzi(lanes)
+            warps.append(a)
+            if self.chunks and info["mode"] == "random":
+                mz = self.chunk_mz.setdefault(row, [None] * (self.nsplit * WARPS))
+                mz[split * WARPS + w] = (NEG_INF if a[2] < 0 else a[0], a[1])
+        tot = warps[0]
+        for a in warps[1:]:
+            tot = merge_mzi(tot, a)
+        m, z, idx = tot
         bound = NEG_INF
         r = info["r"]
         if info["mode"] == "filtered" and self.top_k_active(r) and int(self.top_k[r]) <= THREADS:
@@ -498,8 +634,7 @@ class Emu:
                     if val > best[0] or (val == best[0] and v < best[1]):
                         best = (val, v)
             return best[1] if best[1] >= 0 else dec["first_max"]
-        # Weights (float32 like the kernel), then level A: tile masses in fp64 (thread sums of 8
-        # consecutive tokens, an fp64 scan over the 256 threads).
+        # Token weights (float32 like the kernel's weights_of).
         ml = F32(m * LOG2E)
         w = np.zeros(self.V, dtype=np.float32)
         for v in range(self.V):
@@ -509,11 +644,40 @@ class Emu:
             else:
                 res = F32(F32(e / zf) - F32(qrow[v]))
                 w[v] = res if res > 0 else F32(0.0)
+        u = rph.sampling_uniform(seed, offset, stream)
+        if self.chunks:
+            return self.sample_chunked(r, dec, w, ml, u)
+        lvl = self.tile_masses(w, 0, self.V)
+        pick = self.pick_mass(lvl["mass"], u=u)
+        if pick is None:
+            return dec["first_max"]
+        tile, t_rem, total, t = pick
+        got = self.pick_in_tile(lvl, tile, t_rem)
+        # Exact answer (fp64 cumulative over the same float32 weights): only a rounding-level
+        # neighbour may differ.
+        cum = np.cumsum(w.astype(np.float64))
+        self.skip_checks += 1
+        if not cdf_near(cum, w, got, t, 0.0):
+            self.cdf_neighbours += 1
+            exact = int(np.searchsorted(cum, t, side="right"))
+            assert cdf_near(cum, w, got, t, 1e-9 * total), (
+                f"inverse CDF picked {got}, exact {exact}"
+            )
+        return got
+
+    # -- inverse-CDF building blocks (tile_masses, pick_mass, cdf_pick) ---------------------------
+    def tile_masses(self, w, lo, hi):
+        """tile_masses over tokens [lo, hi) of a row (weights 0 outside): tiles of 8 * nt tokens
+        from base = lo & ~7, thread i of a tile owning tokens [8i, 8i + 8). Returns the per-thread
+        float32 sums and running sums, their fp64 exclusive prefix within the tile, and the fp64
+        tile masses (the kernel reduces each tile's thread sums by a warp shuffle tree and then
+        over the warps in order: the same sum up to fp64 rounding)."""
         nt = self.tile_threads
         tile_len = 8 * nt
-        ntiles = -(-self.V // tile_len)
+        base = lo & ~7
+        ntiles = -(-(hi - base) // tile_len) if hi > lo else 0
         wp = np.zeros(ntiles * tile_len, dtype=np.float32)
-        wp[: self.V] = w
+        wp[lo - base : hi - base] = w[lo:hi]
         thread_w = wp.reshape(ntiles, nt, 8)
         thread_sum = np.zeros((ntiles, nt), dtype=np.float32)
         thread_part = np.zeros((ntiles, nt, 8), dtype=np.float32)
@@ -528,48 +692,179 @@ class Emu:
                 excl_t[c, i] = acc
                 acc += float(thread_sum[c, i])
             mass[c] = acc
-        # Level B: tiles per thread, scan, owner, tile, then the token inside the tile.
-        per = -(-ntiles // nt)
-        segs = [(min(ntiles, per * i), min(ntiles, per * i + per)) for i in range(nt)]
-        seg = [float(sum(mass[c0:c1])) for c0, c1 in segs]
-        excl = np.concatenate([[0.0], np.cumsum(seg)[:-1]])
-        total = float(np.sum(seg))
+        return {"base": base, "lo": lo, "hi": hi, "w": thread_w, "sum": thread_sum,
+                "part": thread_part, "excl": excl_t, "mass": mass}  # fmt: skip
+
+    def pick_mass(self, mass, t=None, u=None):
+        """pick_mass over masses mass[0..n) with nt threads: thread i sums its contiguous segment
+        of ceil(n / nt) indices in order, an exclusive scan over the threads (fp64); the target
+        is t, or u * total. The first owner whose excl + seg > t walks its segment to the first
+        index whose running sum passes t (t_rem = the target inside it); with no such owner, the
+        highest owner with mass and its last index with mass, t_rem = +inf. None if the total is
+        not > 0; else (index, t_rem, total, t)."""
+        nt = self.tile_threads
+        n = len(mass)
+        per = -(-n // nt)
+        segs = [(min(n, per * i), min(n, per * i + per)) for i in range(nt)]
+        seg = [seq_sum(mass[c0:c1]) for c0, c1 in segs]
+        excl, acc = [], 0.0
+        for v in seg:
+            excl.append(acc)
+            acc += v
+        total = acc
         if not total > 0:
-            return dec["first_max"]
-        t = rph.sampling_uniform(seed, offset, stream) * total
-        lo = [i for i in range(nt) if seg[i] > 0 and excl[i] + seg[i] > t]
-        o = lo[0] if lo else max(i for i in range(nt) if seg[i] > 0)
-        part, tile, t_rem = 0.0, -1, math.inf
+            return None
+        if t is None:
+            t = u * total
+        first = [i for i in range(nt) if seg[i] > 0 and excl[i] + seg[i] > t]
+        o = first[0] if first else max(i for i in range(nt) if seg[i] > 0)
+        part, idx, t_rem = 0.0, -1, math.inf
         for c in range(*segs[o]):
             if not mass[c] > 0:
                 continue
-            before, part, tile = part, part + mass[c], c
-            if lo and excl[o] + part > t:
+            before, part, idx = part, part + float(mass[c]), c
+            if first and excl[o] + part > t:
                 t_rem = t - (excl[o] + before)
                 break
-        ts = thread_sum[tile].astype(np.float64)
-        lo2 = [i for i in range(nt) if ts[i] > 0 and excl_t[tile, i] + ts[i] > t_rem]
-        o2 = lo2[0] if lo2 else max(i for i in range(nt) if ts[i] > 0)
-        v0 = tile * tile_len + 8 * o2
+        return idx, (t_rem if first else math.inf), total, t
+
+    def pick_in_tile(self, lvl, tile, t_rem):
+        """cdf_pick's last step: the owner thread inside the tile (first whose prefix + own sum
+        passes t_rem, else the highest with weight), then its first token whose running sum
+        passes t_rem, else its last token with weight. Returns the token id."""
+        nt = self.tile_threads
+        ts = lvl["sum"][tile].astype(np.float64)
+        ex = lvl["excl"][tile]
+        first = [i for i in range(nt) if ts[i] > 0 and ex[i] + ts[i] > t_rem]
+        o2 = first[0] if first else max(i for i in range(nt) if ts[i] > 0)
+        v0 = lvl["base"] + tile * 8 * nt + 8 * o2
         tok = last = -1
         for k in range(8):
-            if thread_w[tile, o2, k] > 0:
+            if lvl["w"][tile, o2, k] > 0:
                 last = v0 + k
-                if tok < 0 and excl_t[tile, o2] + float(thread_part[tile, o2, k]) > t_rem:
+                if tok < 0 and ex[o2] + float(lvl["part"][tile, o2, k]) > t_rem:
                     tok = last
         got = tok if tok >= 0 else last
-        # Exact answer (fp64 cumulative over the same float32 weights): only a rounding-level
-        # neighbour may differ.
+        assert lvl["lo"] <= got < lvl["hi"], (got, lvl["lo"], lvl["hi"])
+        return got
+
+    def chunk_share_sums(self, w, lo, hi):
+        """chunk_share / share_sum over tokens [lo, hi) (weights 0 outside): 8-token groups from
+        base = lo & ~7, thread i a contiguous share of ceil(groups / nt) groups; per thread the
+        float32 running sum in token order and the fp64 exclusive scan over the threads."""
+        nt = self.tile_threads
+        base = lo & ~7
+        groups = -(-(hi - base) // 8) if hi > base else 0
+        per = -(-groups // nt)
+        shares, runs, excl = [], [], []
+        acc = 0.0
+        for i in range(nt):
+            g0 = min(groups, per * i)
+            g1 = min(groups, g0 + per)
+            v0, v1 = base + 8 * g0, base + 8 * g1
+            run = F32(0.0)
+            for v in range(v0, v1):
+                if lo <= v < hi:
+                    run = F32(run + w[v])
+            shares.append((v0, v1))
+            runs.append(run)
+            excl.append(acc)
+            acc += float(run)
+        return {"lo": lo, "hi": hi, "shares": shares, "run": runs, "excl": excl, "total": acc}
+
+    def sample_chunked(self, r, dec, w, ml, u):
+        """sample_chunked (one CTA per request). Level 1: the chunk masses est_c =
+        float(z_c * fast_weight(m_c, ml)) from chunk_mz; the excluded draft's chunk cx loses
+        x's weight ex = fast_weight(score of x, ml): est - ex (float) when ex <= est / 2, else
+        cx is summed without x (its shares, reused if it is picked); pick_mass gives the chunk
+        and the target inside it. Level 2: the chunk's shares (unless reused), the owner (first
+        thread whose excl + run passes the target, else the highest with weight) walks its share
+        to the first token whose running sum passes it, else its last token with weight."""
+        row, x = dec["row"], dec["exclude"]
+        ranges = self.check_chunks_tile(row)
+        mz = self.chunk_mz[row]
+        self.chunk_samples += 1
+
+        def est(c):
+            m_c, z_c = mz[c]
+            return F32(z_c * fast_weight(m_c, ml)) if z_c > 0 else F32(0.0)
+
+        cx, wx, ex, lvl_x = -1, 0.0, F32(0.0), None
+        if 0 <= x < self.V:
+            owners = [c for c, (lo, hi) in enumerate(ranges) if lo <= x < hi]
+            assert len(owners) == 1, (row, x, owners)  # "exactly one"
+            cx = owners[0]
+            e_c, ex = est(cx), fast_weight(dec["exclude_score"], ml)
+            if ex <= F32(0.5) * e_c:
+                wx = float(F32(e_c - ex))
+                self.chunk_excluded += 1  # subtracted
+            else:
+                lvl_x = self.chunk_share_sums(w, *ranges[cx])
+                wx = lvl_x["total"]
+                self.chunk_summed += 1
+        mass = np.array([wx if c == cx else float(est(c)) for c in range(len(ranges))])
+        # Every chunk mass is its tokens' exact weight sum within float rounding (a chunk_range /
+        # stream_split mismatch would move whole tokens; thread_elements checks that directly).
         cum = np.cumsum(w.astype(np.float64))
-        exact = int(np.searchsorted(cum, t, side="right"))
+        exact_c = np.array([seq_sum(w[lo:hi].astype(np.float64)) for lo, hi in ranges])
+        err = np.abs(mass - exact_c)
+        scale_c = exact_c.copy()
+        if cx >= 0:
+            scale_c[cx] += float(ex)  # est - ex: the rounding of est, of a mass with x
+        total_w = float(cum[-1]) if self.V else 0.0
+        assert np.all(err <= 1e-5 * scale_c + 1e-30), (row, err.max(), exact_c[err.argmax()])
+        if total_w > 0:
+            self.chunk_max_rel = max(self.chunk_max_rel, float(err.sum()) / total_w)
+        pick = self.pick_mass(mass, u=u)
+        if pick is None:
+            assert not total_w > 1e-30, row
+            self.no_arrival.add(r)  # fused path: returns before arrive_last (see report)
+            return dec["first_max"]
+        c, t_rem, total, t = pick
+        assert cdf_near(np.cumsum(mass), mass, c, t, 1e-9 * total), ("chunk", row, c, t)
+        if lvl_x is not None and c == cx:
+            lvl = lvl_x
+            self.chunk_picked_excluded += 1
+        else:
+            lvl = self.chunk_share_sums(w, *ranges[c])
+        lo, hi = ranges[c]
+        assert lvl["total"] > 0, ("chunk with mass but no token with weight", row, c)
+        runs, excl = lvl["run"], lvl["excl"]
+        nt = self.tile_threads
+        first = [i for i in range(nt) if runs[i] > 0 and excl[i] + float(runs[i]) > t_rem]
+        o = first[0] if first else max(i for i in range(nt) if runs[i] > 0)
+        part, tok, last = F32(0.0), -1, -1
+        v0, v1 = lvl["shares"][o]
+        part_exact, part_err = 0.0, 0.0
+        for v in range(v0, v1):
+            wv = w[v] if lo <= v < hi else F32(0.0)
+            part = F32(part + wv)
+            part_exact += float(wv)
+            part_err = max(part_err, abs(float(part) - part_exact))
+            if wv > 0:
+                last = v
+                if excl[o] + float(part) > t_rem:
+                    tok = v
+                    break
+        got = tok if tok >= 0 else last
+        assert lo <= got < hi, (got, lo, hi)
+        # Inside the chunk: the exact inverse-CDF answer on its weights at t_rem within the
+        # shares' float32 rounding (or, past the chunk's total, its last token with weight).
+        wc = w[lo:hi]
+        cum_c = np.cumsum(wc.astype(np.float64))
+        exact_runs = [seq_sum(wc[max(a, lo) - lo : max(b, lo) - lo]) for a, b in lvl["shares"]]
+        tol_c = sum(abs(float(a) - b) for a, b in zip(runs, exact_runs, strict=True))
+        tol_c += part_err + 1e-9 * lvl["total"]
+        if t_rem < cum_c[-1] - tol_c:
+            assert cdf_near(cum_c, wc, got - lo, t_rem, tol_c), ("token", row, c, got, t_rem)
+        elif t_rem >= lvl["total"]:
+            assert got == lo + int(np.nonzero(wc > 0)[0][-1]), ("fallback", row, c, got)
+        # Over the row: within the masses' and shares' rounding of the exact answer at u * W.
+        tol = 2.0 * float(err.sum()) + tol_c + 1e-9 * total_w
         self.skip_checks += 1
-        if got != exact:
+        if not cdf_near(cum, w, got, u * total_w, 0.0):
             self.cdf_neighbours += 1
-            assert (
-                abs(cum[min(exact, self.V - 1)] - t) < 1e-9 * total
-                or abs(cum[got] - t) < 1e-9 * total
-            ), f"inverse CDF picked {got}, exact {exact}"
-        assert 0 <= got < self.V and w[got] > 0
+            assert cdf_near(cum, w, got, u * total_w, tol), ("row", row, got, u * total_w, tol)
         return got
 
     def run(self):
@@ -634,7 +929,7 @@ class Emu:
                 if p_x > 0 and q_x > 0 and u <= p_x / q_x:
                     continue
                 dec = {"mode": "recovered", "acc": j, "row": row,
-                       "exclude": x if self.q is None else -1,
+                       "exclude": x if self.q is None else -1, "exclude_score": sx,
                        "q_row": first_draft + j if self.q is not None else -1, **d}  # fmt: skip
                 break
             acc = dec["acc"]
@@ -648,14 +943,13 @@ class Emu:
 # the fused path's work queue (fused_kernel in csrc/cuda/verify_chain.cu)
 # ---------------------------------------------------------------------------------------------
 
-SAMPLE_CTAS_PER_SM = 3  # kSampleCtasPerSm: the fused path sizes nsample as decide_sample does
-
 
 def fused_plan(emu: Emu, per_sm: int = 4) -> dict:
-    """plan()'s fused fields: nsample (heuristics sample_ctas), total items, grid, lag."""
+    """plan()'s fused fields: nsample (1 with chunk sampling, else heuristics sample_ctas), total
+    items, grid, lag."""
     rows, reqs = max(emu.R, 1), max(emu.B, 1)
     tiles = -(-emu.V // 2048)
-    nsample = int(min(max(1, (SAMPLE_CTAS_PER_SM * SMS) // reqs), tiles))
+    nsample = 1 if emu.chunks else int(min(max(1, (SAMPLE_CTAS_PER_SM * SMS) // reqs), tiles))
     total = rows * emu.nsplit + reqs * nsample
     grid = min(SMS * per_sm, total)
     per_req = max(1, rows * emu.nsplit // reqs + nsample)
@@ -698,7 +992,9 @@ def check_fused_schedule(emu: Emu, rng: np.random.Generator, grid: int | None = 
     """The queue covers every (row, split) and every (request, g) once; a request's sampling
     items follow all its stats items (deadlock freedom); an event simulation of `grid` CTAs
     taking items in order, in random interleavings, the arrival counters, the decided flags
-    and their resets, finishes with every counter back at zero."""
+    and their resets, finishes with every counter back at zero. Requests in emu.no_arrival
+    (run() first) model sample_chunked's early return on an empty total, which comes before
+    its arrive_last: that item neither arrives nor resets the counters."""
     fp = fused_plan(emu)
     if grid is not None:
         fp["grid"] = grid
@@ -749,6 +1045,9 @@ def check_fused_schedule(emu: Emu, rng: np.random.Generator, grid: int | None = 
             elif not random_req[it[1]]:
                 c[1] = None
                 progressed = True
+            elif decided[it[1]] and it[1] in emu.no_arrival:
+                c[1] = None  # sample_chunked: first_max written, no arrive_last
+                progressed = True
             elif decided[it[1]]:
                 samp_arr[it[1]] += 1
                 if samp_arr[it[1]] == fp["nsample"]:
@@ -757,7 +1056,9 @@ def check_fused_schedule(emu: Emu, rng: np.random.Generator, grid: int | None = 
                 c[1] = None
                 progressed = True
         assert progressed, "fused queue deadlocked"
-    assert not any(stats_arr.values()) and not any(samp_arr.values()) and not any(decided.values())
+    left = {r: (stats_arr[r], samp_arr[r], decided[r]) for r in range(emu.B)
+            if stats_arr[r] or samp_arr[r] or decided[r]}  # fmt: skip
+    assert not left, f"fused counters left set (stats, sample arrivals, decided): {left}"
     return fp
 
 
@@ -817,22 +1118,33 @@ def check_topk_in_stats(n_cases: int) -> None:
 def main() -> None:
     from test_verify_chain import make_case, reference, run_op
 
-    if len(sys.argv) > 1 and sys.argv[1] == "--topk-in-stats":
-        check_topk_in_stats(int(sys.argv[2]) if len(sys.argv) > 2 else 24)
+    args = sys.argv[1:]
+    if args and args[0] == "--topk-in-stats":
+        check_topk_in_stats(int(args[1]) if len(args) > 1 else 24)
         return
+    tiled = bool(args) and args[0] == "--tiled"  # PEAGLE_VERIFY_CHUNKS=0
+    if tiled:
+        args = args[1:]
 
     rng = np.random.default_rng(0)
     gen = torch.Generator().manual_seed(1)
-    n_cases = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-    total_rows = mismatches = 0
+    n_cases = int(args[0]) if args else 40
+    total_rows = mismatches = twin_diffs = 0
     paths: dict[str, int] = {}
+    sampling = {"chunk samples": 0, "excluded chunks subtracted": 0, "summed": 0,
+                "summed and picked": 0, "checked draws": 0,
+                "rounding neighbours": 0}  # fmt: skip
+    chunk_rel = 0.0
     for case_i in range(n_cases):
         b = int(rng.integers(1, 9))
         v = int(rng.choice([5, 37, 111, 1000, 4097, 6001]))
         counts = [int(c) for c in rng.integers(0, 6, b)]
         temps = [float(t) if rng.random() < 0.8 else 0.0 for t in rng.uniform(0.3, 1.8, b)]
         kw = {}
-        variant = case_i % 6
+        # 1, 3, 5: top_k; 2, 3, 5: top_p; 4, 5: draft_probs; 0, 6, 7: none (chunk sampling
+        # unless exponentials); 6: peaked rows and drafts that mostly follow the argmax, so
+        # rejected drafts often hold most of their chunk's mass.
+        variant = case_i % 8
         if variant in (1, 3, 5):
             kw["top_k"] = [int(k) for k in rng.choice([0, 1, 3, 20, 300, v + 2], b)]
         if variant in (2, 3, 5):
@@ -841,24 +1153,45 @@ def main() -> None:
             kw["draft_probs"] = v > 1
         dtype = [torch.float32, torch.bfloat16, torch.float16][case_i % 3]
         scale = float(rng.choice([0.05, 1.0, 3.0, 8.0]))
+        if variant == 6:
+            scale = float(rng.choice([3.0, 4.0, 8.0]))
+            kw["p_follow"] = 0.95
         case = make_case(counts, v, gen, temps=temps, dtype=dtype, scale=scale, **kw)
         if case_i % 7 == 3:  # ties and -inf
             lg = case["target_logits"]
             lg[:, ::5] = -math.inf
             lg[:, 1::7] = lg[:, 2::7].max()
-        if case_i % 5 == 2:
+        if variant == 6 and case_i % 24 in (14, 22) and sum(counts):
+            # Every first draft rejected (u = 1), its row -inf outside a few tokens around the
+            # draft, which holds most of the mass (score gap 1.5): the excluded chunk is summed
+            # without the draft and often drawn from.
+            lg = case["target_logits"]
+            drafts = case["draft_token_ids"]
+            for r in range(b):
+                if counts[r]:
+                    d0 = sum(counts[:r])
+                    row, x, lo = d0 + r, int(drafts[d0]), max(0, int(drafts[d0]) - 3)
+                    keep = lg[row, lo : x + 4].clone()
+                    lg[row] = -math.inf
+                    lg[row, lo : x + 4] = keep
+                    keep[x - lo] = -math.inf
+                    lg[row, x] = keep.float().max() + 1.5 * temps[r]  # over the others
+            case["uniforms"] = torch.ones(len(drafts), dtype=torch.float64)
+        if case_i % 5 == 2 and variant not in (0, 6):
             case["exponentials"] = torch.empty(b, v).exponential_(generator=gen)
         if case_i % 4 == 1:
             case["bonus_token_ids"] = torch.randint(0, v, (b,), generator=gen, dtype=torch.int32)
         if case_i % 9 == 4:
             case["request_mask"] = torch.tensor([bool(x) for x in rng.integers(0, 2, b)])
         max_n = max(counts)
-        small = case_i % 2 == 1  # many splits: stresses bounds, seeds and merges
-        emu = Emu(
-            case, max_n, misalign=int(rng.integers(0, 8)),
+        # many splits (and chunks): stresses bounds, seeds, merges and the chunk search
+        small = case_i % 2 == 1 or variant == 6
+        ekw = dict(
+            misalign=int(rng.integers(0, 8)),
             min_stats_elems=64 if small else MIN_STATS_ELEMS,
             tile_threads=16 if small else THREADS,
-        )  # fmt: skip
+        )
+        emu = Emu(case, max_n, chunks=not tiled, **ekw)
         out, acc = emu.run()
         fp = None
         if case["top_k"] is None and case["top_p"] is None:  # the fused path applies
@@ -874,17 +1207,39 @@ def main() -> None:
                 f"case {case_i} request {r}: emulated {out[r].tolist()} vs CPU "
                 f"{cpu.output_token_ids[r].tolist()} (margin {float(ref.margin[r]):.3g})"
             )
+        twin = ""
+        if emu.chunks:  # the tiled path on the same case: the same decisions, draws within rounding
+            out_t, acc_t = Emu(case, max_n, chunks=False, **ekw).run()
+            assert np.array_equal(acc, acc_t), (case_i, acc, acc_t)
+            rows_t = np.nonzero(~(out == out_t).all(axis=1))[0].tolist()
+            for r in rows_t:
+                assert float(ref.margin[r]) < 1e-4, (
+                    f"case {case_i} request {r}: chunk sampling {out[r].tolist()} vs tiled "
+                    f"{out_t[r].tolist()} (margin {float(ref.margin[r]):.3g})"
+                )
+            twin_diffs += len(rows_t)
+            twin = f" chunk/tiled diffs={len(rows_t)}"
         mismatches += int(differ.sum())
         total_rows += b
         for pth in emu.filter_paths:
             paths[pth] = paths.get(pth, 0) + 1
+        sampling["chunk samples"] += emu.chunk_samples
+        sampling["excluded chunks subtracted"] += emu.chunk_excluded
+        sampling["summed"] += emu.chunk_summed
+        sampling["summed and picked"] += emu.chunk_picked_excluded
+        sampling["checked draws"] += emu.skip_checks
+        sampling["rounding neighbours"] += emu.cdf_neighbours
+        chunk_rel = max(chunk_rel, emu.chunk_max_rel)
         print(
             f"case {case_i:3d}: B={b} V={v} {str(dtype)[6:]:9s} scale={scale:<5} kw={sorted(kw)} "
-            f"splits={emu.nsplit}/{emu.nsample} near-tie diffs={int(differ.sum())}"
+            f"splits={emu.nsplit}/{emu.nsample} {'chunks' if emu.chunks else 'tiled'} "
+            f"near-tie diffs={int(differ.sum())}{twin}"
             + (f" fused lag={fp['lag']} items={fp['total']} grid={fp['grid']}" if fp else "")
         )
+    mode = "tiled path everywhere" if tiled else "chunk sampling where it applies"
+    print(f"{mode}: {sampling}, chunk mass error <= {chunk_rel:.2g} of the row's mass")
     print(f"ok: {n_cases} cases, {total_rows} requests, {mismatches} near-tie differences, "
-          f"filter paths {paths}")  # fmt: skip
+          f"{twin_diffs} chunk/tiled differences, filter paths {paths}")  # fmt: skip
 
 
 if __name__ == "__main__":

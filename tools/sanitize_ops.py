@@ -65,7 +65,7 @@ def prepare_draft_inputs_cases() -> None:
 
 
 def verify_chain_cases() -> None:
-    from test_verify_chain import check_invariants, make_case, run_op
+    from test_verify_chain import _shifted_rows, check_invariants, make_case, run_op
 
     g = torch.Generator().manual_seed(6)
     cases = [
@@ -92,11 +92,22 @@ def verify_chain_cases() -> None:
         dict(counts=[2, 4, 1], vocab=1000, temps=0.8, top_k=[300, 600, 999]),
         dict(counts=[3, 5], vocab=32001, temps=1.0, scale=0.05, top_p=[0.9, 0.8]),
         dict(counts=[2, 2], vocab=32001, temps=0.9, top_k=[400, 2000], top_p=[0.95, 1.0]),
+        # chunk sampling (no filter, no draft_probs): B = 1 at the bench shape, unaligned rows
+        # over 8 splits (every chunk boundary moves), a tiny vocabulary (empty chunks); then
+        # the same cases through the tiled path.
+        dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, scale=4.0, tiled=False),
+        dict(counts=[5, 0, 7, 2], vocab=32001, temps=0.9, scale=4.0, shift=3, tiled=False),
+        dict(counts=[3, 1], vocab=7, temps=1.0, dtype=torch.float16, shift=1, tiled=False),
+        dict(counts=[5, 0, 7, 2], vocab=32001, temps=0.9, scale=4.0, shift=3, tiled=True),
+        dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, tiled=True),
     ]  # fmt: skip
     for c in cases:
         kw = dict(c)
         exp_race, bonus_ids = kw.pop("exp_race", False), kw.pop("bonus_ids", False)
+        shift, tiled = kw.pop("shift", 0), kw.pop("tiled", False)
+        os.environ["PEAGLE_VERIFY_CHUNKS"] = "0" if tiled else "1"
         case = make_case(kw.pop("counts"), kw.pop("vocab"), g, **kw)
+        case["target_logits"] = _shifted_rows(case["target_logits"].cuda(), shift)
         if exp_race:
             case["exponentials"] = torch.empty(case.b, case.vocab).exponential_(generator=g)
         if bonus_ids:
@@ -106,6 +117,7 @@ def verify_chain_cases() -> None:
         cpu = run_op(case, "cpu")
         same = (gpu.output_token_ids == cpu.output_token_ids).all(dim=1)
         assert int((~same).sum()) <= 1, (c, gpu.output_token_ids, cpu.output_token_ids)
+    os.environ.pop("PEAGLE_VERIFY_CHUNKS")
 
 
 def attention_cases() -> None:

@@ -11,9 +11,14 @@
 //      CTA of each row.
 //   3. decide_sample (below) grid (S2, B): every CTA of request r evaluates r's acceptance chain
 //      (cheap: one merged partial per row, one logit per draft); CTA 0 writes the outputs; if a
-//      token must be sampled (random request: recovered or bonus token), the S2 CTAs compute the
-//      masses of the sampled row's 2048-token tiles, and the last one to finish (arrival
-//      counter) draws the token by inverse-CDF sampling (one Philox draw per request).
+//      token must be sampled (random request: recovered or bonus token), it is drawn by
+//      inverse-CDF sampling (one Philox draw per request):
+//      * chunk sampling (S2 = 1; without top-k/top-p, draft_probs and exponentials): row_stats
+//        left every warp's normaliser over its contiguous chunk of the row, so the one CTA finds
+//        the draw's chunk from those masses and reads only that chunk (plus the chunk of an
+//        excluded draft, recomputed without it);
+//      * otherwise the S2 CTAs compute the masses of the sampled row's 2048-token tiles, and the
+//        last one to finish (arrival counter) draws the token.
 //
 // Inverse-CDF sampling needs one Philox draw and one weight per token (one FFMA + one MUFU.EX2),
 // so a sampled row costs one more read of that row and no per-token noise. All reductions run in
@@ -33,6 +38,7 @@ constexpr int kChunk = 32;                 // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
 constexpr int kSampleCtasPerSm = 3;        // decide_sample residency (its __launch_bounds__)
+constexpr int kChunkCtasPerSm = 2;         // ... with chunk sampling
 constexpr int kFusedTilesInFlight = 2;     // fused_kernel's sampling items (64 registers)
 constexpr int kMinStatsElems = 4096;       // row_stats / row_filter: at least this many per CTA
 
@@ -68,8 +74,9 @@ struct DecideSmem {
 struct SampleSmem {
   double warp_tot[kWarps];
   double tile_part[kWarps][kTilesInFlight];  // level A: per-warp sums of the tiles in flight
-  double t_rem;  // level B: the target inside the chosen tile (+inf: take its last token)
-  int64_t tile;  // level B: the chosen tile
+  double t_rem;   // level B: the target inside the chosen tile (+inf: take its last token)
+  int64_t tile;   // level B: the chosen tile (chunk sampling: first the chosen chunk)
+  int32_t chunk;  // chunk sampling: the chunk holding the excluded draft
   ArgMax warp_best[kWarps];
   int32_t owner_lo, owner_hi;
   int32_t last;
@@ -173,6 +180,7 @@ __device__ void decide(const VerifyChainParams& p, const Workspace& ws, int32_t 
     dec.mode = kModeDone;
     dec.accepted = 0;
     dec.exclude = -1;
+    dec.exclude_score = -INFINITY;
     dec.first_max = 0;
     dec.last = kPlaceholderTokenId;
     dec.row = 0;
@@ -235,6 +243,7 @@ __device__ void decide(const VerifyChainParams& p, const Workspace& ws, int32_t 
           dec.mode = fr >= 0 ? kModeRecovered : kModeBonus;
           dec.row = rs.first_row + (fr >= 0 ? fr : rs.num_drafts);
           dec.exclude = fr >= 0 && p.draft_probs == nullptr ? rs.x[fr - c0] : -1;
+          dec.exclude_score = fr >= 0 ? rs.sx[fr - c0] : -INFINITY;
           dec.q_row = fr >= 0 && p.draft_probs != nullptr ? rs.first_draft + fr : -1;
           dec.m = d.m;
           dec.key = d.key;
@@ -314,6 +323,9 @@ struct SampleRow {  // everything a token's sampling weight depends on
   uint32_t key;  // kept iff score_key(s) >= key (0 keeps all)
   int32_t exclude;
   int32_t vocab;
+  int32_t lo, hi;  // only tokens in [lo, hi) have weight: the row, or one chunk of it
+  int64_t base;    // first token of tile 0 (a multiple of 8)
+  int64_t ntiles;  // tiles of kTileTokens from base covering [lo, hi)
   bool aligned;
 };
 
@@ -325,14 +337,14 @@ __device__ __forceinline__ void load_tokens(const SampleRow& sr, int64_t v0, flo
 }
 
 // Weights of the 8 tokens from v0 given their logits: e_v for kept v != exclude, or the residual
-// max(e_v / Z - q_v, 0); 0 past the vocabulary and for NaN / -inf scores.
+// max(e_v / Z - q_v, 0); 0 outside [lo, hi) and for NaN / -inf scores.
 __device__ __forceinline__ void weights_of(const SampleRow& sr, int64_t v0, const float x[8],
                                            float w[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int64_t v = v0 + k;
     float wk = 0.0f;
-    if (v < sr.vocab) {
+    if (v >= sr.lo && v < sr.hi) {
       const float s = x[k] * sr.inv_t;
       const bool kept = score_key(s) >= sr.key;
       if (sr.q == nullptr) {
@@ -424,51 +436,65 @@ __device__ __forceinline__ void write_sampled(const VerifyChainParams& p, int32_
   p.output_token_ids[static_cast<int64_t>(r) * (p.max_num_draft_tokens + 1) + dec.accepted] = tok;
 }
 
-// Level B (last CTA): the token at t = u * W. Whole CTA.
-template <LogitsDtype D>
-__device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_t r,
-                         const ReqSmem& rs, const Decision& dec, const SampleRow& sr,
-                         SampleSmem& ss) {
-  const int64_t ntiles = (static_cast<int64_t>(sr.vocab) + kTileTokens - 1) / kTileTokens;
-  const double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
-  // Tiles [c0, c1) per thread, summed in order.
-  const int64_t per = (ntiles + kThreads - 1) / kThreads;
-  const int64_t c0 = min(ntiles, per * threadIdx.x), c1 = min(ntiles, c0 + per);
+// Inverse CDF over n masses mass(i) >= 0 summed in a fixed order (thread i: a contiguous segment
+// of indices, then a block scan). With `have_t` false the target is t = u * total with the
+// request's draw. Leaves in ss.tile the first index whose running sum passes t and in ss.t_rem
+// the target inside it; if none does (t >= total by rounding), the last index with mass and
+// t_rem = +inf. Returns false (the total is not > 0). Whole CTA, uniform result.
+template <typename MassFn>
+__device__ bool pick_mass(int64_t n, MassFn mass, double t, bool have_t, const ReqSmem& rs,
+                          const Decision& dec, SampleSmem& ss) {
+  const int64_t per = (n + kThreads - 1) / kThreads;
+  const int64_t c0 = min(n, per * threadIdx.x), c1 = min(n, c0 + per);
   double seg = 0.0;
-  for (int64_t c = c0; c < c1; ++c) seg += __ldcg(mass + c);
+  for (int64_t c = c0; c < c1; ++c) seg += mass(c);
   double excl, total;
   block_excl_scan(seg, excl, total, ss);
-  if (!(total > 0.0)) {  // empty residual (or no finite score)
-    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
-    return;
+  if (!(total > 0.0)) return false;  // empty residual (or no finite score)
+  if (!have_t) {
+    const uint32_t stream = dec.mode == kModeBonus ? kStreamBonus : kStreamRecovered;
+    t = sampling_uniform(rs.seed, rs.offset, stream) * total;
   }
-  const uint32_t stream = dec.mode == kModeBonus ? kStreamBonus : kStreamRecovered;
-  const double t = sampling_uniform(rs.seed, rs.offset, stream) * total;
-  int32_t o = pick_owner(seg > 0.0 && excl + seg > t, seg > 0.0, ss);
+  const int32_t o = pick_owner(seg > 0.0 && excl + seg > t, seg > 0.0, ss);
   if (static_cast<int32_t>(threadIdx.x) == o) {
     const bool found = excl + seg > t;
     double part = 0.0;
-    int64_t tile = -1;
+    int64_t idx = -1;
     double t_rem = INFINITY;
     for (int64_t c = c0; c < c1; ++c) {
-      const double m = __ldcg(mass + c);
+      const double m = mass(c);
       if (!(m > 0.0)) continue;
       const double before = part;
       part += m;
-      tile = c;
+      idx = c;
       if (found && excl + part > t) {
         t_rem = t - (excl + before);
         break;
       }
     }
-    ss.tile = tile;
+    ss.tile = idx;
     ss.t_rem = found ? t_rem : INFINITY;
+  }
+  __syncthreads();
+  return true;
+}
+
+// Level B (last CTA): the token at the target (t = u * W unless `have_t`) over sr's tiles, whose
+// masses are in ws.tile_mass. Whole CTA.
+template <LogitsDtype D>
+__device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_t r,
+                         const ReqSmem& rs, const Decision& dec, const SampleRow& sr,
+                         SampleSmem& ss, double t = 0.0, bool have_t = false) {
+  const double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
+  if (!pick_mass(sr.ntiles, [&](int64_t c) { return __ldcg(mass + c); }, t, have_t, rs, dec, ss)) {
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
   }
   __syncthreads();
   const int64_t tile = ss.tile;
   const double t_rem = ss.t_rem;
   // Inside the tile: this thread's 8 tokens, their running sum, the tile's prefix over threads.
-  const int64_t v0 = tile * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x);
+  const int64_t v0 = sr.base + tile * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x);
   float w[8], part[8];
   token_weights<D>(sr, v0, w);
   float run = 0.0f;
@@ -480,7 +506,8 @@ __device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_
   double excl2, total2;
   block_excl_scan(static_cast<double>(run), excl2, total2, ss);
   (void)total2;
-  o = pick_owner(run > 0.0f && excl2 + static_cast<double>(run) > t_rem, run > 0.0f, ss);
+  const int32_t o =
+      pick_owner(run > 0.0f && excl2 + static_cast<double>(run) > t_rem, run > 0.0f, ss);
   if (static_cast<int32_t>(threadIdx.x) == o) {
     // First token whose running sum passes the target, else (fallback owner) the last with weight.
     int32_t tok = -1, last_tok = -1;
@@ -495,10 +522,214 @@ __device__ void cdf_pick(const VerifyChainParams& p, const Workspace& ws, int32_
   }
 }
 
+// Level A: the masses of sr's tiles first, first + step, ... (kInFlight loaded together per
+// round, so a CTA keeps several 4 KB tiles in flight) into mass[]; per tile the thread sums are
+// reduced across each warp (fixed shuffle tree) and then over the warps in order. Whole CTA;
+// ends with a barrier.
+template <LogitsDtype D, int kInFlight>
+__device__ void tile_masses(const SampleRow& sr, int64_t first, int64_t step, double* mass,
+                            SampleSmem& ss) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t lane_tok = sr.base + 8 * static_cast<int64_t>(threadIdx.x);
+  for (int64_t c0 = first; c0 < sr.ntiles; c0 += step * kInFlight) {
+    float x[kInFlight][8];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int64_t c = c0 + i * step;
+      if (c < sr.ntiles) load_tokens<D>(sr, lane_tok + c * kTileTokens, x[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int64_t c = c0 + i * step;
+      double run = 0.0;
+      if (c < sr.ntiles) {
+        float w[8];
+        weights_of(sr, lane_tok + c * kTileTokens, x[i], w);
+        float f = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) f += w[k];
+        run = f;
+      }
+#pragma unroll
+      for (int d = kWarp / 2; d > 0; d >>= 1) run += __shfl_xor_sync(0xffffffffu, run, d);
+      if (lane == 0) ss.tile_part[warp][i] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x < kInFlight) {
+      const int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * step;
+      if (c < sr.ntiles) {
+        double tot = 0.0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) tot += ss.tile_part[w][threadIdx.x];
+        mass[c] = tot;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Narrows sr to chunk c (chunk_range) of its row.
+template <LogitsDtype D>
+__device__ __forceinline__ void narrow_to_chunk(SampleRow& sr, const RowBody& b, int nsplit,
+                                                int32_t c) {
+  const ChunkRange cr = chunk_range<D>(b, sr.vocab, c / kWarps, nsplit, c % kWarps);
+  sr.lo = cr.lo;
+  sr.hi = cr.hi;
+  sr.base = cr.lo & ~7;
+  sr.ntiles = 0;  // unused by the chunk path
+}
+
+// This thread's share of sr's [base, hi): 8-token groups, contiguous per thread, in thread order.
+struct Share {
+  int64_t v0, v1;
+};
+
+__device__ __forceinline__ Share chunk_share(const SampleRow& sr) {
+  const int64_t groups = sr.hi > sr.base ? (sr.hi - sr.base + 7) / 8 : 0;
+  const int64_t per = (groups + kThreads - 1) / kThreads;
+  const int64_t g0 = min(groups, per * threadIdx.x), g1 = min(groups, g0 + per);
+  return Share{sr.base + 8 * g0, sr.base + 8 * g1};
+}
+
+// Walks this thread's share in token order (4 groups of 8 loaded together), calling
+// f(v, w) for every token with its weight; stops early once f returns true.
+template <LogitsDtype D, typename F>
+__device__ __forceinline__ void walk_share(const SampleRow& sr, const Share& sh, F&& f) {
+  constexpr int kGroups = 4;
+  for (int64_t v = sh.v0; v < sh.v1; v += 8 * kGroups) {
+    float x[kGroups][8];
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      if (v + 8 * i < sh.v1) load_tokens<D>(sr, v + 8 * i, x[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      if (v + 8 * i < sh.v1) {
+        float w[8];
+        weights_of(sr, v + 8 * i, x[i], w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if (f(v + 8 * i + k, w[k])) return;
+        }
+      }
+    }
+  }
+}
+
+// The thread's running weight sum over its share (fp32, token order).
+template <LogitsDtype D>
+__device__ __forceinline__ float share_sum(const SampleRow& sr, const Share& sh) {
+  float run = 0.0f;
+  walk_share<D>(sr, sh, [&](int64_t, float w) {
+    run += w;
+    return false;
+  });
+  return run;
+}
+
+// Chunk sampling (one CTA per request). Level 1: the draw's chunk from row_stats' chunk masses
+// z_c * e^(m_c - m) (the same FFMA + EX2 as the token weights); the chunk of an excluded draft x
+// loses x's weight: subtracted when that keeps at least half the chunk's mass (no
+// cancellation), else the chunk is summed here without x. Level 2: inside the chunk, every
+// thread sums a contiguous share, a block scan finds the share holding the target and its
+// thread walks it again to the token. Reads one chunk of the row (two when x dominates its
+// chunk) instead of all of it. Level 1's masses and level 2's sums differ by float rounding
+// only, which can move a draw at a chunk boundary to a neighbouring token with weight (the
+// fallback takes the chunk's last token with weight). A chunk with mass has a token with
+// weight: its maximum's weight is the factor e^(m_c - m) itself. Whole CTA.
+template <LogitsDtype D>
+__device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, int32_t r,
+                               const ReqSmem& rs, const Decision& dec, SampleRow sr,
+                               SampleSmem& ss) {
+  const RowBody b = row_body<D>(sr.rp, sr.vocab);
+  const int32_t nchunks = ws.nsplit * kWarps;
+  const float2* mz = ws.chunk_mz + dec.row * nchunks;
+  const float ml = sr.ml;
+  const auto est_mass = [&](int64_t c) -> float {
+    const float2 v = __ldcg(mz + c);
+    return v.y > 0.0f ? v.y * fast_weight(v.x, ml) : 0.0f;
+  };
+  const SampleRow row = sr;
+  int32_t cx = -1;
+  double wx = 0.0;
+  bool summed = false;  // chunk cx summed here: its scan results are reused below
+  Share sh{0, 0};
+  float run = 0.0f;
+  double excl = 0.0, total = 0.0;
+  if (dec.exclude >= 0 && dec.exclude < sr.vocab) {
+    if (threadIdx.x == 0) ss.chunk = -1;
+    __syncthreads();
+    for (int32_t c = threadIdx.x; c < nchunks; c += kThreads) {
+      const ChunkRange cr = chunk_range<D>(b, sr.vocab, c / kWarps, ws.nsplit, c % kWarps);
+      if (cr.lo <= dec.exclude && dec.exclude < cr.hi) ss.chunk = c;  // exactly one
+    }
+    __syncthreads();
+    cx = ss.chunk;
+    const float est = est_mass(cx);
+    const float ex = fast_weight(dec.exclude_score, ml);
+    if (ex <= 0.5f * est) {
+      wx = static_cast<double>(est - ex);
+    } else {
+      narrow_to_chunk<D>(sr, b, ws.nsplit, cx);
+      sh = chunk_share(sr);
+      run = share_sum<D>(sr, sh);
+      block_excl_scan(static_cast<double>(run), excl, total, ss);
+      wx = total;
+      summed = true;
+    }
+  }
+  const bool any = pick_mass(
+      nchunks, [&](int64_t c) { return c == cx ? wx : static_cast<double>(est_mass(c)); }, 0.0,
+      false, rs, dec, ss);
+  const int32_t c = static_cast<int32_t>(ss.tile);
+  const double t_rem = ss.t_rem;
+  __syncthreads();
+  // Fused path: every sampling item of r (this one) has read r's decision: reset its counters
+  // before any return.
+  if (ws.decided != nullptr) arrive_last(ws, r, ss);
+  if (!any) {
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
+  }
+  if (!(summed && c == cx)) {
+    sr = row;
+    narrow_to_chunk<D>(sr, b, ws.nsplit, c);
+    sh = chunk_share(sr);
+    run = share_sum<D>(sr, sh);
+    block_excl_scan(static_cast<double>(run), excl, total, ss);
+  }
+  if (!(total > 0.0)) {  // cannot happen (see above); a valid token regardless
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
+  }
+  const int32_t o =
+      pick_owner(run > 0.0f && excl + static_cast<double>(run) > t_rem, run > 0.0f, ss);
+  if (static_cast<int32_t>(threadIdx.x) == o) {
+    // First token whose running sum passes the target, else the share's last token with weight.
+    float part = 0.0f;
+    int64_t tok = -1, last_tok = -1;
+    walk_share<D>(sr, sh, [&](int64_t v, float w) {
+      part += w;
+      if (w > 0.0f) {
+        last_tok = v;
+        if (excl + static_cast<double>(part) > t_rem) {
+          tok = v;
+          return true;
+        }
+      }
+      return false;
+    });
+    write_sampled(p, r, dec, static_cast<int32_t>(tok >= 0 ? tok : last_tok));
+  }
+}
+
+// Which sampling paths a kernel compiles (kernels that run one path keep the other's registers).
+enum : int { kTiledPath = 1, kChunkPath = 2, kBothPaths = 3 };
+
 // This CTA's share of the sampled row; the last CTA of the request writes the token. Whole CTA.
 // kInFlight (<= kTilesInFlight): tiles loaded together (register footprint only; the masses do not
 // depend on it).
-template <LogitsDtype D, int kInFlight = kTilesInFlight>
+template <LogitsDtype D, int kInFlight = kTilesInFlight, int kPaths = kBothPaths>
 __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, int32_t r,
                                const ReqSmem& rs, const Decision& dec, int split, SampleSmem& ss) {
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -545,55 +776,26 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
   sr.key = dec.key;
   sr.exclude = dec.exclude;
   sr.vocab = vocab;
+  sr.lo = 0;
+  sr.hi = vocab;
+  sr.base = 0;
+  sr.ntiles = (static_cast<int64_t>(vocab) + kTileTokens - 1) / kTileTokens;
   sr.aligned = reinterpret_cast<uintptr_t>(rp) % static_cast<uintptr_t>(4 * Elem<D>::kSize) == 0;
-  // Level A: masses of tiles split, split + nsample, ..., kTilesInFlight at a time (all their
-  // loads first, so a CTA keeps several 4 KB tiles in flight); per tile the thread sums are
-  // reduced across each warp (fixed shuffle tree) and then over the warps in order.
-  const int64_t ntiles = (static_cast<int64_t>(vocab) + kTileTokens - 1) / kTileTokens;
-  double* mass = ws.tile_mass + static_cast<int64_t>(r) * ws.tiles_per_req;
-  const int64_t stride = static_cast<int64_t>(nsample) * kInFlight;
-  for (int64_t c0 = split; c0 < ntiles; c0 += stride) {
-    float x[kInFlight][8];
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
-      if (c < ntiles) {
-        load_tokens<D>(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), x[i]);
-      }
+  if constexpr ((kPaths & kChunkPath) != 0) {
+    if (ws.chunk_mz != nullptr) {  // nsample == 1
+      sample_chunked<D>(p, ws, r, rs, dec, sr, ss);
+      return;
     }
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      const int64_t c = c0 + static_cast<int64_t>(i) * nsample;
-      double run = 0.0;
-      if (c < ntiles) {
-        float w[8];
-        weights_of(sr, c * kTileTokens + 8 * static_cast<int64_t>(threadIdx.x), x[i], w);
-        float f = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) f += w[k];
-        run = f;
-      }
-#pragma unroll
-      for (int d = kWarp / 2; d > 0; d >>= 1) run += __shfl_xor_sync(0xffffffffu, run, d);
-      if (lane == 0) ss.tile_part[warp][i] = run;
-    }
-    __syncthreads();
-    if (threadIdx.x < kInFlight) {
-      const int64_t c = c0 + static_cast<int64_t>(threadIdx.x) * nsample;
-      if (c < ntiles) {
-        double tot = 0.0;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) tot += ss.tile_part[w][threadIdx.x];
-        mass[c] = tot;
-      }
-    }
-    __syncthreads();
   }
+  if constexpr ((kPaths & kTiledPath) == 0) return;
+  tile_masses<D, kInFlight>(sr, split, nsample, ws.tile_mass + r * ws.tiles_per_req, ss);
   if (arrive_last(ws, r, ss)) cdf_pick<D>(p, ws, r, rs, dec, sr, ss);
 }
 
-template <LogitsDtype D>
-__global__ void __launch_bounds__(kThreads, kSampleCtasPerSm)
+// kChunks: chunk sampling (one CTA per request, a latency chain: registers rather than
+// residency), else the tiled path.
+template <LogitsDtype D, bool kChunks>
+__global__ void __launch_bounds__(kThreads, kChunks ? kChunkCtasPerSm : kSampleCtasPerSm)
     decide_sample_kernel(const VerifyChainParams p, const Workspace ws) {
   __shared__ ReqSmem rs;
   __shared__ DecideSmem ds;
@@ -619,7 +821,10 @@ __global__ void __launch_bounds__(kThreads, kSampleCtasPerSm)
       decide(p, ws, r, rs, ds);
       const Decision dec = ds.dec;
       if (split == 0) write_outputs(p, r, true, dec);
-      if (dec.mode != kModeDone) sample_request<D>(p, ws, r, rs, dec, split, ss);
+      if (dec.mode != kModeDone) {
+        sample_request<D, kTilesInFlight, kChunks ? kChunkPath : kTiledPath>(p, ws, r, rs, dec,
+                                                                             split, ss);
+      }
     }
     __syncthreads();
   }
@@ -775,6 +980,7 @@ __device__ __noinline__ void fused_sample(const VerifyChainParams& p, const Work
     dec.mode = __ldcg(&d->mode);
     dec.accepted = __ldcg(&d->accepted);
     dec.exclude = __ldcg(&d->exclude);
+    dec.exclude_score = __ldcg(&d->exclude_score);
     dec.first_max = __ldcg(&d->first_max);
     dec.last = __ldcg(&d->last);
     dec.key = __ldcg(&d->key);
@@ -858,9 +1064,10 @@ struct Layout {
   int64_t tiles = 1;  // inverse-CDF tiles per row
   int32_t cand_cap = kCandCap;
   bool filter = false;
+  bool chunks = false;         // chunk sampling (decide_sample: one CTA per request)
   bool topk_in_stats = false;  // PEAGLE_VERIFY_TOPK_IN_STATS=1 with filtering
   size_t off_topk_cand = 0, off_topk_meta = 0;
-  size_t off_parts = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
+  size_t off_parts = 0, off_chunk_mz = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
   // Fused path (fused_kernel): one kernel over a work queue, persistent counters.
@@ -883,6 +1090,17 @@ inline int64_t counter_words(int64_t reqs) {
 inline bool fused_requested() {
   const char* v = std::getenv("PEAGLE_VERIFY_FUSED");
   return v != nullptr && v[0] == '1';
+}
+
+// Chunk sampling applies without top-k / top-p, draft_probs and exponentials (the sampled
+// weights are then row_stats' normaliser terms, less at most one excluded draft); it is chosen
+// by verify_chain_heuristics::use_chunks. PEAGLE_VERIFY_CHUNKS (read at every call) = 1 / 0
+// forces it on / off where it applies (A/B and tests); the two paths agree except where
+// rounding moves a draw across a chunk boundary.
+inline bool chunks_chosen(int64_t reqs) {
+  const char* v = std::getenv("PEAGLE_VERIFY_CHUNKS");
+  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
+  return verify_chain_heuristics::use_chunks(reqs);
 }
 
 // PEAGLE_VERIFY_TOPK_IN_STATS=1 (read at every call): with top_k / top_p, row_stats also
@@ -920,8 +1138,10 @@ Layout plan(const VerifyChainParams& p) {
   const int64_t reqs = p.num_reqs > 0 ? p.num_reqs : 1;
   l.nsplit = h::stats_splits(sms, rows, p.vocab_size, kMinStatsElems);
   l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
-  l.nsample = h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
+  l.chunks = !l.filter && p.draft_probs == nullptr && p.exponentials == nullptr &&
+             chunks_chosen(p.num_reqs);
+  l.nsample = l.chunks ? 1 : h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);
   l.fused = !l.filter && p.num_reqs > 0 && fused_requested();
   if (l.fused) {
     int32_t per_sm = 4;
@@ -936,7 +1156,6 @@ Layout plan(const VerifyChainParams& p) {
         per_sm = fused_ctas_per_sm<LogitsDtype::kFloat32>();
     }
     const int64_t resident = sms * per_sm;
-    l.nsample = h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);  // as the unfused path
     l.total_items = rows * l.nsplit + reqs * l.nsample;
     l.grid = static_cast<int32_t>(resident < l.total_items ? resident : l.total_items);
     l.lag = h::fused_lag(l.grid, rows * l.nsplit / reqs + l.nsample, reqs);
@@ -946,6 +1165,9 @@ Layout plan(const VerifyChainParams& p) {
   size_t off = 0;
   l.off_parts = off;
   off = align_up(off + sizeof(RowPartial) * static_cast<size_t>(rows) * l.nsplit);
+  l.off_chunk_mz = off;
+  if (l.chunks)
+    off = align_up(off + sizeof(float2) * static_cast<size_t>(rows) * l.nsplit * kWarps);
   l.off_tile_mass = off;
   off = align_up(off + sizeof(double) * static_cast<size_t>(reqs) * l.tiles);
   l.off_sample_arrivals = off;
@@ -982,6 +1204,7 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   Workspace ws;
   ws.parts = reinterpret_cast<RowPartial*>(base + l.off_parts);
   ws.tile_mass = reinterpret_cast<double*>(base + l.off_tile_mass);
+  ws.chunk_mz = l.chunks ? reinterpret_cast<float2*>(base + l.off_chunk_mz) : nullptr;
   ws.tiles_per_req = l.tiles;
   ws.sample_arrivals = reinterpret_cast<uint32_t*>(base + l.off_sample_arrivals);
   ws.samples = reinterpret_cast<ArgMax*>(base + l.off_samples);
@@ -1031,8 +1254,12 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
                                        dim3(kThreads), 0, stream, p, ws);
     if (err != cudaSuccess) return err;
   }
-  return launch_pdl(decide_sample_kernel<D>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0, stream,
-                    p, ws);
+  if (l.chunks) {
+    return launch_pdl(decide_sample_kernel<D, true>, dim3(1, grid_reqs), dim3(kThreads), 0, stream,
+                      p, ws);
+  }
+  return launch_pdl(decide_sample_kernel<D, false>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0,
+                    stream, p, ws);
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ struct Decision {
   int64_t q_row;  // draft_probs row for the residual, -1 without
   float m;
   float zf;
+  float exclude_score;  // the excluded draft's score (chunk sampling)
 };
 
 // Scratch of one call. Unfused path: counters are zeroed by row_stats (the first kernel) and
@@ -86,6 +87,10 @@ struct Workspace {
   uint32_t* sample_arrivals;  // [B]: sampling CTAs done per request
   ArgMax* samples;            // [B, nsample]: partial exponential-race argmax per sampling CTA
   double* tile_mass;          // [B, tiles_per_req]: inverse-CDF tile masses of the sampled row
+  // Chunk sampling only (null otherwise): row_stats' per-warp (max score, sum of
+  // 2^((s - max) log2 e)) of random rows, one per chunk (chunk_range), so decide_sample reads
+  // only the chunk that holds the draw (and the excluded draft's chunk).
+  float2* chunk_mz;  // [R, nsplit * kWarps]
   int64_t tiles_per_req;
   int32_t nsplit;    // CTAs per row in row_stats / row_filter
   int32_t nsample;   // CTAs per request in decide_sample
@@ -227,61 +232,98 @@ __device__ __forceinline__ void unpack_words(const uint32_t* w, float* out) {
   }
 }
 
+// The aligned body of a row: `head` scalars before the first 16-byte boundary, then `nvec`
+// 16-byte vectors, then scalars from `body_end` to the end of the row.
+struct RowBody {
+  int32_t head, nvec, body_end;
+};
+
+template <LogitsDtype D>
+__device__ __forceinline__ RowBody row_body(const char* row, int32_t vocab) {
+  constexpr int kEs = Elem<D>::kSize, kEpv = Elem<D>::kPerVec;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  RowBody b;
+  b.head = static_cast<int32_t>(((16 - (addr & 15)) & 15) / kEs);
+  if (b.head > vocab) b.head = vocab;
+  b.nvec = (vocab - b.head) / kEpv;
+  b.body_end = b.head + b.nvec * kEpv;
+  return b;
+}
+
+// Chunk c = split * kWarps + warp of a row: the vectors [vb, ve) of warp `warp` of split `split`
+// (stream_split's partition), as token range [lo, hi); chunk 0 also holds the head, the last
+// chunk the tail, so the chunks tile [0, vocab) in order.
+struct ChunkRange {
+  int32_t lo, hi;  // tokens
+  int32_t vb, ve;  // body vectors
+};
+
+template <LogitsDtype D>
+__device__ __forceinline__ ChunkRange chunk_range(const RowBody& b, int32_t vocab, int split,
+                                                  int nsplit, int warp) {
+  constexpr int kEpv = Elem<D>::kPerVec;
+  const int64_t sb = static_cast<int64_t>(b.nvec) * split / nsplit;
+  const int64_t n = static_cast<int64_t>(b.nvec) * (split + 1) / nsplit - sb;
+  ChunkRange c;
+  c.vb = static_cast<int32_t>(sb + n * warp / kWarps);
+  c.ve = static_cast<int32_t>(sb + n * (warp + 1) / kWarps);
+  c.lo = split == 0 && warp == 0 ? 0 : b.head + c.vb * kEpv;
+  c.hi = split == nsplit - 1 && warp == kWarps - 1 ? vocab : b.head + c.ve * kEpv;
+  return c;
+}
+
 // Calls f(v0, vals, std::integral_constant<int, N>) over this CTA's share (split of nsplit) of a
-// row of `vocab` elements: scalars for the unaligned head (split 0), 16-byte vectors over the
-// aligned body, scalars for the tail (last split). Each thread sees its elements in increasing
-// index order (head, then body, then tail), so a strict `>` keeps the first index of a maximum.
-// The body is software-pipelined: the next kU vectors per thread are in flight while the
-// current ones are processed.
+// row of `vocab` elements. Warp w of the CTA takes chunk (split, w) of chunk_range: a contiguous
+// run of 16-byte vectors, lane-strided (a warp load covers 512 contiguous bytes), plus the
+// unaligned head (chunk 0) or tail (last chunk) as scalars. Contiguous chunks let row_stats'
+// per-warp sums serve as inverse-CDF masses. Each thread sees its elements in increasing index
+// order, so a strict `>` keeps the first index of a maximum. The body is software-pipelined:
+// the next kU vectors per thread are in flight while the current ones are processed.
 template <LogitsDtype D, typename F>
 __device__ __forceinline__ void stream_split(const char* row, int32_t vocab, int split, int nsplit,
                                              F&& f) {
-  constexpr int kEs = Elem<D>::kSize, kEpv = Elem<D>::kPerVec, kU = 4;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
-  int32_t head = static_cast<int32_t>(((16 - (addr & 15)) & 15) / kEs);
-  if (head > vocab) head = vocab;
-  const int32_t nvec = (vocab - head) / kEpv;
-  const int32_t body_end = head + nvec * kEpv;
-  const int32_t vb = static_cast<int32_t>(static_cast<int64_t>(nvec) * split / nsplit);
-  const int32_t ve = static_cast<int32_t>(static_cast<int64_t>(nvec) * (split + 1) / nsplit);
-  const char* body = row + static_cast<int64_t>(head) * kEs;
-  if (split == 0) {
-    for (int32_t v = threadIdx.x; v < head; v += kThreads) {
+  constexpr int kEpv = Elem<D>::kPerVec, kU = 4;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const RowBody b = row_body<D>(row, vocab);
+  const ChunkRange c = chunk_range<D>(b, vocab, split, nsplit, warp);
+  const char* body = row + static_cast<int64_t>(b.head) * Elem<D>::kSize;
+  if (split == 0 && warp == 0) {
+    for (int32_t v = lane; v < b.head; v += kWarp) {
       float x[1] = {load_scalar<D>(row, v)};
       f(v, x, std::integral_constant<int, 1>{});
     }
   }
-  int32_t i = vb + static_cast<int32_t>(threadIdx.x);
+  int32_t i = c.vb + lane;
   uint4 cur[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    const int32_t k = i + u * kThreads;
-    cur[u] = k < ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
+    const int32_t k = i + u * kWarp;
+    cur[u] = k < c.ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
   }
-  while (i < ve) {
-    const int32_t inext = i + kU * kThreads;
+  while (i < c.ve) {
+    const int32_t inext = i + kU * kWarp;
     uint4 nxt[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int32_t k = inext + u * kThreads;
-      nxt[u] = k < ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
+      const int32_t k = inext + u * kWarp;
+      nxt[u] = k < c.ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int32_t k = i + u * kThreads;
-      if (k < ve) {
+      const int32_t k = i + u * kWarp;
+      if (k < c.ve) {
         const uint32_t w[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
         float vals[kEpv];
         unpack_words<D, 4>(w, vals);
-        f(head + k * kEpv, vals, std::integral_constant<int, kEpv>{});
+        f(b.head + k * kEpv, vals, std::integral_constant<int, kEpv>{});
       }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
     i = inext;
   }
-  if (split == nsplit - 1) {
-    for (int32_t v = body_end + threadIdx.x; v < vocab; v += kThreads) {
+  if (split == nsplit - 1 && warp == kWarps - 1) {
+    for (int32_t v = b.body_end + lane; v < vocab; v += kWarp) {
       float x[1] = {load_scalar<D>(row, v)};
       f(v, x, std::integral_constant<int, 1>{});
     }

@@ -29,6 +29,16 @@ inline int32_t sample_ctas(int64_t sms, int64_t ctas_per_sm, int64_t reqs, int64
   return static_cast<int32_t>(clamp_splits((ctas_per_sm * sms) / reqs, tiles));
 }
 
+// Chunk sampling (one decide_sample CTA per request reads one or two chunks of the sampled row)
+// or the tiled path (S2 CTAs per request read all of it): chunks from 32 requests. Measured on
+// the H200 at V = 201088 / 151936, T = 0.7 (docs/architecture.md): chunks 0.91x / 0.94x the tiled
+// time at B = 64 (its re-read of 64 rows is gone), 1.04x / 1.11x at B = 8 and 1.23x / 1.27x at
+// B = 1, where the tiled path's 99 or 12 CTAs per request each read a tile or two in parallel and
+// the one chunk CTA's longer chain of dependent steps costs more.
+inline bool use_chunks(int64_t reqs) {
+  return reqs >= 32;
+}
+
 // Fused path: the sampling items of request r follow the stats items of request r + lag. The
 // queue runs about `grid` items (one per resident CTA) ahead of completion, so r's decision is
 // usually ready once about `grid` items have been handed out after r's stats items:

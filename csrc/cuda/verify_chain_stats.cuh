@@ -4,7 +4,8 @@
 // normaliser sum 2^(s log2 e - m log2 e) (one FFMA + one MUFU.EX2 per element, fp32 running sum,
 // rescaled when the running max grows). Top-k rows also get a candidate bound for row_filter: the
 // k-th largest of the 256 per-thread maxima of the split (a lower bound on the row's k-th largest
-// score). The kernel also zeroes the counters the later kernels use.
+// score). With chunk sampling, random rows also write every warp's (max, sum) over its chunk
+// (chunk_mz). The kernel also zeroes the counters the later kernels use.
 //
 // With PEAGLE_VERIFY_TOPK_IN_STATS=1 (row_stats_kernel<D, true>), rows with top_k <= kStatsTopK
 // also collect candidates in the same pass: every thread keeps its kThreadTop largest scores
@@ -305,6 +306,10 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       a = Mzi{g.val, 0.0f, g.idx};
     } else {
       a = warp_mzi(a);
+      if (lane == 0 && ws.chunk_mz != nullptr) {  // this warp's chunk, for chunk sampling
+        ws.chunk_mz[(row * nsplit + split) * kWarps + warp] =
+            make_float2(a.idx < 0 ? -INFINITY : a.m, a.z);
+      }
     }
     if (lane == 0) sm.warp[warp] = a;
     // Top-k rows: candidate bound = k-th largest per-thread maximum of this split.
