@@ -6,6 +6,7 @@ Prints one line per case, then a JSON dict of medians (µs).
 
     python3 tools/time_verify.py                 # the five issue-21 cases
     python3 tools/time_verify.py --reps 2        # each case twice (same-variant spread)
+    python3 tools/time_verify.py --batch 16 32   # only V=201088 T=0.7 at these batch sizes
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--batch", type=int, nargs="*", help="only V=201088 T=0.7 at these B")
     args = ap.parse_args()
+    cases = [(b, 201088, "T=0.7", 0.7, None) for b in args.batch] if args.batch else CASES
     res: dict[str, list[float]] = {}
     for _ in range(args.reps):
-        for b, v, mode, temp, top in CASES:
+        for b, v, mode, temp, top in cases:
             logit_bytes = b * 8 * v * 2
             n_sets = l2_rotation_sets(logit_bytes)
             sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
