@@ -34,7 +34,8 @@ inline int32_t sample_ctas(int64_t sms, int64_t ctas_per_sm, int64_t reqs, int64
 // the H200 at V = 201088 / 151936, T = 0.7 (docs/architecture.md): chunks 0.91x / 0.94x the tiled
 // time at B = 64 (its re-read of 64 rows is gone), 1.04x / 1.11x at B = 8 and 1.23x / 1.27x at
 // B = 1, where the tiled path's 99 or 12 CTAs per request each read a tile or two in parallel and
-// the one chunk CTA's longer chain of dependent steps costs more.
+// the one chunk CTA's longer chain of dependent steps costs more; at V = 201088 B = 16 1.01x,
+// B = 32 0.97x (benchmarks/results/verify-chunks-crossover-h200.json).
 inline bool use_chunks(int64_t reqs) {
   return reqs >= 32;
 }
