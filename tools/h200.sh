@@ -37,6 +37,10 @@
 #                           `peagle bench ops` for verify attention (default) with the FlashInfer
 #                           rows, JIT off; FI_BENCH_ARGS adds arguments (e.g. --no-flex); logs in
 #                           $OUT/logs.tgz
+#   lines KERNEL_REGEX CMD...  per-instruction ncu profile of the 3rd launch of KERNEL_REGEX under
+#                           CMD (e.g. `python3 tools/verify_case.py 64`), matched to the build's
+#                           -lineinfo disassembly by tools/ncu_lines.py: $OUT/lines.txt (per
+#                           source function), lines.json (and per line), lines-sass.csv
 # CALL_SECONDS (default 555) is what a pair/ablate call may take, build included.
 # SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
@@ -144,6 +148,18 @@ run_flashinfer() {
   done
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
 }
+run_lines() {
+  local k=$1; shift
+  timeout ${LINES_TIMEOUT:-150} ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 --import-source yes \
+    -f -o /tmp/lines "$@" > "$OUT/lines-ncu.log" 2>&1 || { tail -20 "$OUT/lines-ncu.log"; exit 1; }
+  ncu -i /tmp/lines.ncu-rep --page source --csv --print-source sass > "$OUT/lines-sass.csv"
+  local so=$(python3 -c "import os, peagle; print(os.path.join(os.path.dirname(peagle.__file__), 'peagle_ops.so'))")
+  rm -rf /tmp/cubins && mkdir -p /tmp/cubins && (cd /tmp/cubins && cuobjdump -xelf all "$so" > /dev/null)
+  for c in /tmp/cubins/*.cubin; do nvdisasm -g -c "$c"; done > /tmp/lines-listing.sass
+  python3 tools/ncu_lines.py "$OUT/lines-sass.csv" /tmp/lines-listing.sass --src csrc \
+    --json "$OUT/lines.json" | tee "$OUT/lines.txt"
+}
 call_minutes() {  # minutes left for the recipe in this call, after the build
   python3 -c "print(max(0.5, (${CALL_SECONDS:-555} - ($(date +%s) - $t_start) - 25) / 60))"
 }
@@ -207,6 +223,7 @@ case $cmd in
   e2e) build; run_e2e "$@"; exit $? ;;
   ablate) build; run_ablate "$@"; exit $? ;;
   flashinfer) build; run_flashinfer "$@" ;;
+  lines) build; run_lines "$@" ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|e2e|ablate|flashinfer|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|e2e|ablate|flashinfer|lines|all] ..."; exit 2 ;;
 esac
