@@ -37,6 +37,11 @@
 #                           `peagle bench ops` for verify attention (default) with the FlashInfer
 #                           rows, JIT off; FI_BENCH_ARGS adds arguments (e.g. --no-flex); logs in
 #                           $OUT/logs.tgz
+#   abverify OLD_SRC        quick verify_chain A/B (~4 min with both builds): builds OLD_SRC into
+#                           /tmp/oldsite beside the current tree's build, runs the verify tests
+#                           meanwhile, then tools/time_verify.py (default paths) and
+#                           PEAGLE_VERIFY_CHUNKS=1 ... --batch 1 8 64, old/new/old/new; logs in
+#                           $OUT/abverify.tgz
 #   lines KERNEL_REGEX CMD...  per-instruction ncu profile of the 3rd launch of KERNEL_REGEX under
 #                           CMD (e.g. `python3 tools/verify_case.py 64`), matched to the build's
 #                           -lineinfo disassembly by tools/ncu_lines.py: $OUT/lines.txt (per
@@ -97,13 +102,7 @@ sanitize() {
 cmd=${1:-all}; shift || true
 run_ab() {
   local old_src=$1; shift
-  [ -d "$old_src" ] || { echo "ab: no such source tree: $old_src"; exit 2; }
-  [ -d "$old_src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$old_src/python/peagle/"
-  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # as in build()
-  export PEAGLE_CUTLASS_INCLUDE=${PEAGLE_CUTLASS_INCLUDE:-/tmp/deps/cutlass_library/source/include}
-  (cd "$old_src" && PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install -q \
-    --no-build-isolation --no-deps --target /tmp/oldsite -C build-dir=/tmp/build-old . \
-    > "$OUT/build-old.log" 2>&1) || { tail -20 "$OUT/build-old.log"; exit 1; }
+  build_old "$old_src" || exit 1
   local fams=${@:-attention prep verify e2e}
   for rep in 1 2; do
     for side in old new; do
@@ -147,6 +146,35 @@ run_flashinfer() {
     echo "bench $fam: rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "flashinfer|BAD" "$OUT/bench-$fam.log" | tail -12; tail -4 "$OUT/bench-$fam.log"
   done
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
+}
+build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverify)
+  local old_src=$1
+  [ -d "$old_src" ] || { echo "no such source tree: $old_src"; exit 2; }
+  [ -d "$old_src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$old_src/python/peagle/"
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # as in build()
+  export PEAGLE_CUTLASS_INCLUDE=${PEAGLE_CUTLASS_INCLUDE:-/tmp/deps/cutlass_library/source/include}
+  (cd "$old_src" && PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install -q \
+    --no-build-isolation --no-deps --target /tmp/oldsite -C build-dir=/tmp/build-old . \
+    > "$OUT/build-old.log" 2>&1) || { tail -20 "$OUT/build-old.log"; return 1; }
+}
+run_abverify() {
+  local old_src=$1 t0=$(date +%s)
+  build_old "$old_src" & local bg=$!
+  OMP_NUM_THREADS=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout=150 \
+    tests/test_verify_chain.py > "$OUT/abv-tests.log" 2>&1
+  echo "verify tests: rc=$? $(tail -1 "$OUT/abv-tests.log") ($(( $(date +%s) - t0 )) s)"
+  wait $bg || exit 1
+  for rep in 1 2; do
+    for side in old new; do
+      local pp=""; [ $side = old ] && pp=/tmp/oldsite
+      PYTHONPATH=$pp PEAGLE_VERIFY_CHUNKS=1 timeout 60 python3 tools/time_verify.py --batch 1 8 64 \
+        > "$OUT/abv-chunks-$side$rep.log" 2>&1
+      PYTHONPATH=$pp timeout 80 python3 tools/time_verify.py > "$OUT/abv-default-$side$rep.log" 2>&1
+      echo "$side$rep chunks: $(tail -1 "$OUT/abv-chunks-$side$rep.log")"
+      echo "$side$rep default: $(tail -1 "$OUT/abv-default-$side$rep.log")"
+    done
+  done
+  (cd "$OUT" && tar czf abverify.tgz abv-*.log build-old.log && rm -f abv-*.log build-old.log)
 }
 run_lines() {
   local k=$1; shift
@@ -224,6 +252,7 @@ case $cmd in
   ablate) build; run_ablate "$@"; exit $? ;;
   flashinfer) build; run_flashinfer "$@" ;;
   lines) build; run_lines "$@" ;;
+  abverify) build; run_abverify "$@" ;;
   all) build; run_tests; sanitize ;;
-  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|pair|e2e|ablate|flashinfer|lines|all] ..."; exit 2 ;;
+  *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|abverify|pair|e2e|ablate|flashinfer|lines|all] ..."; exit 2 ;;
 esac
