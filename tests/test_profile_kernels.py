@@ -95,3 +95,31 @@ def test_summarize_writes_the_file_the_report_renders(tmp_path):
     report.generate(tmp_path, tmp_path / "docs")
     md = (tmp_path / "docs" / "results.md").read_text()
     assert md.index("## verify_chain") < md.index("`decide_sample_kernel<2>`")
+
+
+def test_lines_profile_is_rendered_under_verify_chain(tmp_path):
+    """A per-instruction profile (tools/ncu_lines.py --json plus the run's facts) becomes a
+    per-function table after the verify_chain section; shares are of all stall samples."""
+    (tmp_path / "verify-h200.json").write_text(json.dumps({
+        "gpu": "G", "commit": "c", "command": "x", "copy_ceiling_gbps": 4000.0,
+        "rows": [{"case": "B=1,K=7,V=201088,T=0.7", "impl": "peagle", "median_us": 19.8,
+                  "gbps": 162.5, "mode": "graph"}]}))  # fmt: skip
+    (tmp_path / "profile-verify-x-lines-h200.json").write_text(json.dumps({
+        "gpu": "G", "commit": "abc", "command": "h200.sh lines", "case": "B=64",
+        "kernel": "void ns::decide_sample_kernel<(ns::D)2, 1>(P, W)", "distinct": 40,
+        "warp_instr": 800.0, "samples": 200.0,
+        "stall_totals": {"barrier": 100.0, "no_inst": 50.0, "long_sb": 50.0},
+        "functions": [{"function": "k.cu:weights_of", "distinct": 30, "warp_instr": 600.0,
+                       "samples": 80.0, "top_stalls": {"no_inst": 50.0, "barrier": 30.0}},
+                      {"function": "k.cu:decide", "distinct": 10, "warp_instr": 200.0,
+                       "samples": 120.0, "top_stalls": {"long_sb": 50.0}}]}))  # fmt: skip
+    report.generate(tmp_path, tmp_path / "docs")
+    md = (tmp_path / "docs" / "results.md").read_text()
+    kernel = "one `void ns::decide_sample_kernel<(ns::D)2, 1>` launch"
+    assert md.index("## verify_chain") < md.index(kernel)
+    assert "40 distinct instructions executed, 800 warp instructions, 200 stall samples " \
+           "(barrier 50 %, no_inst 25 %, long_sb 25 %)" in md  # fmt: skip
+    # most stall samples first
+    assert md.index("| `k.cu:decide` | 10 | 200 | 60.0 | long_sb 50 |") < md.index(
+        "| `k.cu:weights_of` | 30 | 600 | 40.0 | no_inst 50, barrier 30 |"
+    )

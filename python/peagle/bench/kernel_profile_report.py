@@ -51,3 +51,49 @@ def section(d: dict, family: str) -> list[str]:
                 f"{_fmt(r.get('occupancy_pct'))} | {_fmt(r.get('dram_read_mb'))} |"
             )
     return lines + [""]
+
+
+def load_lines(results: Path, family: str) -> list[dict]:
+    """The per-instruction profiles of ``family`` (``profile-<family>-*-lines-h200.json``, written
+    from ``tools/ncu_lines.py --json`` output), in file-name order."""
+    return [json.loads(f.read_text())
+            for f in sorted(results.glob(f"profile-{family}-*-lines-h200.json"))]  # fmt: skip
+
+
+def _kernel_name(signature: str) -> str:
+    """``void f<(T)2, 1>(A, B)`` -> ``void f<(T)2, 1>``: the parameter list (the last balanced
+    parentheses) dropped."""
+    if not signature.endswith(")"):
+        return signature
+    depth = 0
+    for i in range(len(signature) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(signature[i], 0)
+        if depth == 0:
+            return signature[:i]
+    return signature
+
+
+def lines_section(profiles: list[dict], top: int = 12) -> list[str]:
+    """Markdown: per profile, where one kernel's executed instructions and stall samples come
+    from, by source function (the ``top`` ones with the most stall samples)."""
+    out: list[str] = []
+    for d in profiles:
+        samples = d["samples"] or 1.0
+        stalls = ", ".join(f"{k} {100 * v / samples:.0f} %"
+                           for k, v in list(d["stall_totals"].items())[:4])  # fmt: skip
+        out += [
+            f"Per source function of one `{_kernel_name(d['kernel'])}` launch ({d['case']}; GPU "
+            f"{d['gpu']}, commit `{d['commit']}`; command: `{d['command']}`): "
+            f"{d['distinct']} distinct instructions executed, {d['warp_instr']:.0f} warp "
+            f"instructions, {d['samples']:.0f} stall samples ({stalls}).",
+            "",
+            "| function | distinct instructions | warp instructions | stall samples % | "
+            "top stall reasons |",
+            "|---|---|---|---|---|",
+        ]
+        for f in sorted(d["functions"], key=lambda f: -f["samples"])[:top]:
+            reasons = ", ".join(f"{k} {v:.0f}" for k, v in f["top_stalls"].items())
+            out.append(f"| `{f['function']}` | {f['distinct']} | {f['warp_instr']:.0f} | "
+                       f"{100 * f['samples'] / samples:.1f} | {reasons} |")  # fmt: skip
+        out.append("")
+    return out

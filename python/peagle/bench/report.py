@@ -129,6 +129,9 @@ def generate(results: Path, docs: Path) -> list[Path]:
         lines += [""] + flashinfer_report.verify_section(d)
         if profile:
             lines += kernel_profile_report.section(profile, "verify")
+        lines += kernel_profile_report.lines_section(
+            kernel_profile_report.load_lines(results, "verify")
+        )
     if "attention" in fams:
         d = fams["attention"]
         present = {r["impl"] for r in d["rows"]}
