@@ -45,7 +45,9 @@
 #   lines KERNEL_REGEX CMD...  per-instruction ncu profile of the 3rd launch of KERNEL_REGEX under
 #                           CMD (e.g. `python3 tools/verify_case.py 64`), matched to the build's
 #                           -lineinfo disassembly by tools/ncu_lines.py: $OUT/lines.txt (per
-#                           source function), lines.json (and per line), lines-sass.csv
+#                           source function), lines.json (and per line), lines-sass.csv;
+#                           LINES_NCU_ARGS adds ncu options (e.g. --cache-control none: ncu
+#                           otherwise flushes the caches before the launch, unlike a replay)
 # CALL_SECONDS (default 555) is what a pair/ablate call may take, build included.
 # SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
@@ -180,7 +182,7 @@ run_lines() {
   local k=$1; shift
   timeout ${LINES_TIMEOUT:-150} ncu --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 --import-source yes \
-    -f -o /tmp/lines "$@" > "$OUT/lines-ncu.log" 2>&1 || { tail -20 "$OUT/lines-ncu.log"; exit 1; }
+    ${LINES_NCU_ARGS:-} -f -o /tmp/lines "$@" > "$OUT/lines-ncu.log" 2>&1 || { tail -20 "$OUT/lines-ncu.log"; exit 1; }
   ncu -i /tmp/lines.ncu-rep --page source --csv --print-source sass > "$OUT/lines-sass.csv"
   local so=$(python3 -c "import os, peagle; print(os.path.join(os.path.dirname(peagle.__file__), 'peagle_ops.so'))")
   rm -rf /tmp/cubins && mkdir -p /tmp/cubins && (cd /tmp/cubins && cuobjdump -xelf all "$so" > /dev/null)
