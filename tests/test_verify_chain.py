@@ -1789,6 +1789,48 @@ def test_cuda_topk_in_stats_bench_shape(b, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+# CUDA: row_filter ranks candidate sets of up to kRankMax keys (rank_select) and selects larger
+# ones by radix digits; PEAGLE_VERIFY_RADIX_SELECT=1 (read at every call) forces the digits. Both
+# find the same kept set and integer kept mass, so the outputs must be the same bits.
+# ---------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "top_k,top_p",
+    [(1, None), (50, None), (256, None), (50, 0.9), (7, 0.5), (None, 0.9), (200, 1e-6)],
+)
+@pytest.mark.parametrize("ties", ["none", "quantised", "tied_top"])
+@pytest.mark.parametrize("vocab", [1000, 32001, 201088])
+def test_cuda_rank_select_matches_radix(top_k, top_p, ties, vocab, monkeypatch):
+    gen = torch.Generator().manual_seed(vocab + len(ties) + (top_k or 0))
+    counts = [0, 3, 7, 1, 5, 2, 7, 4]
+    kw = {}
+    if top_k is not None:
+        kw["top_k"] = [top_k, top_k, 0, top_k, top_k, 2, top_k, top_k]
+    if top_p is not None:
+        kw["top_p"] = [top_p, 1.0, top_p, top_p, top_p, 0.95, top_p, top_p]
+    case = make_case(
+        counts, vocab, gen, temps=[0.7, 0.0, 1.1, 0.6, 0.9, 1.5, 0.7, 0.3],
+        dtype=torch.bfloat16, scale=3.0, p_follow=0.8, **kw,
+    )  # fmt: skip
+    lg = case["target_logits"]
+    if ties == "quantised":
+        lg.copy_((lg * 2).round() / 2)
+    elif ties == "tied_top":
+        lg[:, 3::11] = lg.max()
+        lg[:, ::7] = -math.inf
+        lg[:, 64:80] = lg.max() + 1
+    monkeypatch.delenv("PEAGLE_VERIFY_RADIX_SELECT", raising=False)
+    ranked = run_op(case, "cuda")
+    monkeypatch.setenv("PEAGLE_VERIFY_RADIX_SELECT", "1")
+    radix = run_op(case, "cuda")
+    monkeypatch.delenv("PEAGLE_VERIFY_RADIX_SELECT", raising=False)
+    check_invariants(ranked, case)
+    _assert_same(ranked, radix)
+
+
+# ---------------------------------------------------------------------------------------------
 # chunk sampling (the default without top-k/top-p, draft_probs and exponentials) vs the tiled
 # path (PEAGLE_VERIFY_CHUNKS=0); SPEC §0.1: draws may differ only where rounding moves them
 # ---------------------------------------------------------------------------------------------
@@ -1841,6 +1883,54 @@ def test_cuda_chunk_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeyp
         differ += int((~same).sum())
     assert sampled > 0
     assert differ <= max(1, int(0.001 * sampled)), (differ, sampled)
+
+
+# row_filter reads only the groups of kGroupVecs vectors whose maximum (row_stats' group_max)
+# reaches the candidate bound; PEAGLE_VERIFY_FILTER_STREAM=1 (read at every call) reads every
+# filtered row whole. Same candidates, so the same bits: ragged B, odd vocabularies, every logits
+# dtype, unaligned rows, NaN / inf among the logits, ties, B > the grid's rows per split.
+@requires_cuda
+@pytest.mark.parametrize(
+    "vocab,b,groups",
+    [(201088, 64, True), (151936, 64, True), (65537, 200, True), (201088, 1, False),
+     (151936, 8, False), (1000, 5, False)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("shift", [0, 3])
+@pytest.mark.parametrize("top", ["top_k", "top_p", "both"])
+def test_cuda_filter_groups_match_stream(vocab, b, groups, dtype, shift, top, monkeypatch):
+    gen = torch.Generator().manual_seed(vocab + b + shift + int(dtype.itemsize) + len(top))
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    temps[0] = 0.0 if b > 4 else temps[0]
+    kw = {}
+    if top in ("top_k", "both"):
+        kw["top_k"] = [int(x) for x in torch.randint(1, 300, (b,), generator=gen)]
+    if top in ("top_p", "both"):
+        kw["top_p"] = [float(x) for x in torch.rand(b, generator=gen) * 0.9 + 0.05]
+    case = make_case(counts, vocab, gen, temps=temps, dtype=dtype, scale=3.0, p_follow=0.8, **kw)
+    lg = case["target_logits"]
+    lg[:, 5::97] = float("nan")  # never candidates, never group maxima
+    lg[:, 11::389] = -math.inf
+    lg[0, vocab // 2 : vocab // 2 + 9] = lg[0].nan_to_num(nan=-math.inf).max() + 0.5  # tied top
+    case["target_logits"] = _shifted_rows(lg.cuda(), shift)
+    peaks = []
+    outs = []
+    for stream in (True, False):
+        if stream:
+            monkeypatch.setenv("PEAGLE_VERIFY_FILTER_STREAM", "1")
+        else:
+            monkeypatch.delenv("PEAGLE_VERIFY_FILTER_STREAM", raising=False)
+        run_op(case, "cuda")  # allocations of the first call settle
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        outs.append(run_op(case, "cuda"))
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated())
+    check_invariants(outs[1], case)
+    _assert_same(outs[1], outs[0])
+    # The group path's workspace holds the group maxima (verify_chain_heuristics.h decides).
+    assert (peaks[1] > peaks[0]) == groups, peaks
 
 
 @requires_cuda

@@ -92,6 +92,13 @@ def verify_chain_cases() -> None:
         dict(counts=[2, 4, 1], vocab=1000, temps=0.8, top_k=[300, 600, 999]),
         dict(counts=[3, 5], vocab=32001, temps=1.0, scale=0.05, top_p=[0.9, 0.8]),
         dict(counts=[2, 2], vocab=32001, temps=0.9, top_k=[400, 2000], top_p=[0.95, 1.0]),
+        # group scan (row_filter reads the groups reaching its bound) on unaligned fp32 rows;
+        # rank_select on <= kRankMax candidates.
+        dict(counts=[5, 0, 7, 2], vocab=32001, temps=0.9, scale=3.0, shift=3,
+             dtype=torch.float32, top_k=[20, 0, 300, 5], top_p=[0.9, 0.5, 1.0, 0.8]),
+        # group path (row_stats' group maxima, one row_filter CTA per row): 750 rows, 2 splits.
+        dict(counts=[4] * 150, vocab=65537, temps=0.8, dtype=torch.bfloat16,
+             top_k=[50, 0, 7] * 50, top_p=[0.9, 0.8, 1.0] * 50),
         # chunk sampling (no filter, no draft_probs): B = 1 at the bench shape, unaligned rows
         # over 8 splits (every chunk boundary moves), a tiny vocabulary (empty chunks); then
         # the same cases through the tiled path.

@@ -7,6 +7,7 @@ Prints one line per case, then a JSON dict of medians (µs).
     python3 tools/time_verify.py                 # the five issue-21 cases
     python3 tools/time_verify.py --reps 2        # each case twice (same-variant spread)
     python3 tools/time_verify.py --batch 16 32   # only V=201088 T=0.7 at these batch sizes
+    python3 tools/time_verify.py --filtered      # only the top-k / top-p cases
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ CASES = [
     (1, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
     (8, 201088, "T=0.7", 0.7, None),
 ]
+FILTERED = [
+    (64, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
+    (64, 201088, "T=0.7,top_k=50", 0.7, (50, 1.0)),
+    (64, 201088, "T=0.7,top_p=0.9", 0.7, (0, 0.9)),
+    (8, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
+    (1, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)),
+]
 
 
 def main() -> None:
@@ -35,8 +43,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--batch", type=int, nargs="*", help="only V=201088 T=0.7 at these B")
+    ap.add_argument("--filtered", action="store_true", help="only the top-k / top-p cases")
     args = ap.parse_args()
     cases = [(b, 201088, "T=0.7", 0.7, None) for b in args.batch] if args.batch else CASES
+    if args.filtered:
+        cases = FILTERED
     res: dict[str, list[float]] = {}
     for _ in range(args.reps):
         for b, v, mode, temp, top in cases:

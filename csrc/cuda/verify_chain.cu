@@ -1069,6 +1069,8 @@ struct Layout {
   size_t off_topk_cand = 0, off_topk_meta = 0;
   size_t off_parts = 0, off_chunk_mz = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
+  size_t off_group_max = 0;
+  int32_t group_slots = 0;  // 0: no group maxima (row_filter streams every row)
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
   // Fused path (fused_kernel): one kernel over a work queue, persistent counters.
   bool fused = false;
@@ -1108,6 +1110,21 @@ inline bool chunks_chosen(int64_t reqs) {
 // without reading those rows again where they prove the threshold. Same bits either way.
 inline bool topk_in_stats_requested() {
   const char* v = std::getenv("PEAGLE_VERIFY_TOPK_IN_STATS");
+  return v != nullptr && v[0] == '1';
+}
+
+// PEAGLE_VERIFY_FILTER_STREAM=1 (read at every call): row_filter reads every filtered row whole
+// instead of only the groups whose maximum (row_stats' group_max) reaches its candidate bound.
+// Same candidates, same bits (tests).
+inline bool filter_stream_requested() {
+  const char* v = std::getenv("PEAGLE_VERIFY_FILTER_STREAM");
+  return v != nullptr && v[0] == '1';
+}
+
+// PEAGLE_VERIFY_RADIX_SELECT=1 (read at every call): row_filter selects every threshold by radix
+// digits, also where it would rank the candidates (rank_select). Same bits either way (tests).
+inline bool radix_select_requested() {
+  const char* v = std::getenv("PEAGLE_VERIFY_RADIX_SELECT");
   return v != nullptr && v[0] == '1';
 }
 
@@ -1186,6 +1203,16 @@ Layout plan(const VerifyChainParams& p) {
     l.off_cand_keys = off;
     off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows) * l.cand_cap);
     l.topk_in_stats = topk_in_stats_requested();
+    const int64_t epv = p.logits_dtype == LogitsDtype::kFloat32 ? 4 : 8;
+    const int64_t split_vecs = (p.vocab_size / epv + l.nsplit - 1) / l.nsplit;
+    const int64_t chunk_vecs = (split_vecs + kWarps - 1) / kWarps;
+    if (!l.topk_in_stats && !filter_stream_requested() && h::use_filter_groups(chunk_vecs)) {
+      constexpr int64_t kSpan = static_cast<int64_t>(kWarp) * kGroupVecs;
+      l.group_slots = static_cast<int32_t>(kWarp * ((chunk_vecs + kSpan - 1) / kSpan));
+      l.off_group_max = off;
+      off = align_up(off + sizeof(float) * static_cast<size_t>(rows) * l.nsplit * kWarps *
+                               static_cast<size_t>(l.group_slots));
+    }
     if (l.topk_in_stats) {
       const size_t parts = static_cast<size_t>(rows) * l.nsplit;
       l.off_topk_meta = off;
@@ -1216,6 +1243,9 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.nsplit = l.nsplit;
   ws.nsample = l.nsample;
   ws.cand_cap = l.cand_cap;
+  ws.rank_max = radix_select_requested() ? 0 : kRankMax;
+  ws.group_max = l.group_slots > 0 ? reinterpret_cast<float*>(base + l.off_group_max) : nullptr;
+  ws.group_slots = l.group_slots;
   ws.topk_cand = l.topk_in_stats ? reinterpret_cast<uint32_t*>(base + l.off_topk_cand) : nullptr;
   ws.topk_meta = l.topk_in_stats ? reinterpret_cast<TopkMeta*>(base + l.off_topk_meta) : nullptr;
   ws.next_item = nullptr;
@@ -1248,9 +1278,11 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (l.filter) {
+    // The group path reads a few groups per row: one CTA per row, no cross-CTA candidate merge.
+    const unsigned filter_ctas = l.group_slots > 0 ? 1u : static_cast<unsigned>(l.nsplit);
     err = l.topk_in_stats ? launch_pdl(row_filter_kernel<D, true>, dim3(l.nsplit, grid_rows),
                                        dim3(kThreads), 0, stream, p, ws)
-                          : launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows),
+                          : launch_pdl(row_filter_kernel<D>, dim3(filter_ctas, grid_rows),
                                        dim3(kThreads), 0, stream, p, ws);
     if (err != cudaSuccess) return err;
   }

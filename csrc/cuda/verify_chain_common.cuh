@@ -29,6 +29,9 @@ constexpr int kStatsTopK = 64;
 constexpr int kThreadTop = 4;
 constexpr int kStatsCandCap = 128;
 constexpr uint32_t kStatsOverflow = 0xffffffffu;
+// Filtered rows: row_stats writes the maximum score of every group of kGroupVecs consecutive
+// vectors of a thread (group_max), so row_filter reads only the groups that reach its bound.
+constexpr int kGroupVecs = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kMassScale = 4294967296.0;  // 2^32 fixed point for kept masses (e <= 1)
 
@@ -95,6 +98,12 @@ struct Workspace {
   int32_t nsplit;    // CTAs per row in row_stats / row_filter
   int32_t nsample;   // CTAs per request in decide_sample
   int32_t cand_cap;  // candidate keys per row (else the radix fallback)
+  int32_t rank_max;  // row_filter ranks at most this many candidates (else radix digits)
+  // Filtered rows (null without filters or with PEAGLE_VERIFY_FILTER_STREAM=1): the maximum
+  // score of every thread's group of kGroupVecs vectors; slot j * kWarp + lane of chunk c holds
+  // lane's vectors vb + lane + kWarp * (j * kGroupVecs + u), u < kGroupVecs (chunk_range).
+  float* group_max;     // [R, nsplit * kWarps, group_slots]
+  int32_t group_slots;  // per chunk: kWarp * ceil(largest chunk's vectors / (kWarp * kGroupVecs))
   // PEAGLE_VERIFY_TOPK_IN_STATS=1 with filtering (null otherwise): row_stats' top-k candidates.
   uint32_t* topk_cand;  // [R, nsplit, kStatsCandCap]
   TopkMeta* topk_meta;  // [R, nsplit]
@@ -272,6 +281,12 @@ __device__ __forceinline__ ChunkRange chunk_range(const RowBody& b, int32_t voca
   return c;
 }
 
+// This warp's group-maximum slots (chunk `split * kWarps + warp` of `row`), lane 0's first.
+__device__ __forceinline__ float* group_max_of_chunk(const Workspace& ws, int64_t row, int split,
+                                                     int warp) {
+  return ws.group_max + (row * ws.nsplit * kWarps + split * kWarps + warp) * ws.group_slots;
+}
+
 // Calls f(v0, vals, std::integral_constant<int, N>) over this CTA's share (split of nsplit) of a
 // row of `vocab` elements. Warp w of the CTA takes chunk (split, w) of chunk_range: a contiguous
 // run of 16-byte vectors, lane-strided (a warp load covers 512 contiguous bytes), plus the
@@ -321,6 +336,67 @@ __device__ __forceinline__ void stream_split(const char* row, int32_t vocab, int
 #pragma unroll
     for (int u = 0; u < kU; ++u) cur[u] = nxt[u];
     i = inext;
+  }
+  if (split == nsplit - 1 && warp == kWarps - 1) {
+    for (int32_t v = b.body_end + lane; v < vocab; v += kWarp) {
+      float x[1] = {load_scalar<D>(row, v)};
+      f(v, x, std::integral_constant<int, 1>{});
+    }
+  }
+}
+
+// As stream_split, but over the vectors of the groups whose maximum score (group_max of this
+// warp's chunk, `gm`) is >= t only (t > -inf), plus the head and tail scalars: the elements with
+// score >= t are among them. The group maxima are loaded 8 at a time (one round trip for up to
+// 8 groups per lane); a group's vectors are then loaded together.
+template <LogitsDtype D, typename F>
+__device__ __forceinline__ void scan_groups(const char* row, int32_t vocab, int split, int nsplit,
+                                            const float* gm, float t, F&& f) {
+  constexpr int kEpv = Elem<D>::kPerVec, kBatch = 8;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const RowBody b = row_body<D>(row, vocab);
+  const ChunkRange c = chunk_range<D>(b, vocab, split, nsplit, warp);
+  const char* body = row + static_cast<int64_t>(b.head) * Elem<D>::kSize;
+  if (split == 0 && warp == 0) {
+    for (int32_t v = lane; v < b.head; v += kWarp) {
+      float x[1] = {load_scalar<D>(row, v)};
+      f(v, x, std::integral_constant<int, 1>{});
+    }
+  }
+  constexpr int32_t kSpan = kWarp * kGroupVecs;  // vectors of one group slot row (j)
+  const int32_t ngroups = (c.ve - c.vb + kSpan - 1) / kSpan;
+  for (int32_t j0 = 0; j0 < ngroups; j0 += kBatch) {
+    float g[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int32_t j = j0 + u;
+      const bool in = j < ngroups && c.vb + j * kSpan + lane < c.ve;
+      g[u] = in ? __ldcg(gm + j * kWarp + lane) : -INFINITY;
+    }
+    uint32_t hits = 0;  // groups of this batch that reach t (a mask: no local-memory array)
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) hits |= static_cast<uint32_t>(g[u] >= t) << u;
+    while (hits != 0) {
+      const int u = __ffs(static_cast<int>(hits)) - 1;
+      hits &= hits - 1;
+      const int32_t k0 = c.vb + (j0 + u) * kSpan + lane;
+      uint4 v[kGroupVecs];
+#pragma unroll
+      for (int q = 0; q < kGroupVecs; ++q) {
+        const int32_t k = k0 + q * kWarp;
+        v[q] = k < c.ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int q = 0; q < kGroupVecs; ++q) {
+        const int32_t k = k0 + q * kWarp;
+        if (k < c.ve) {
+          const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+          float vals[kEpv];
+          unpack_words<D, 4>(w, vals);
+          f(b.head + k * kEpv, vals, std::integral_constant<int, kEpv>{});
+        }
+      }
+    }
   }
   if (split == nsplit - 1 && warp == kWarps - 1) {
     for (int32_t v = b.body_end + lane; v < vocab; v += kWarp) {

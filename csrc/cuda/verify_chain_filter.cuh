@@ -30,12 +30,18 @@ namespace {
 
 constexpr int kHistBins = 2048;  // 11-bit radix digits
 
+// Candidate sets up to this size are selected by ranking (rank_select, n^2 / kThreads key
+// compares per thread) instead of radix digits (~6 dependent histogram levels).
+constexpr int kRankMax = 1024;
+
 struct FilterSmem {
-  uint32_t keys[kCandCap];  // this CTA's candidates, then the row's candidates (last CTA)
-  uint32_t cnt[kHistBins];
-  unsigned long long mass[kHistBins];
+  alignas(16) uint32_t keys[kCandCap];  // this CTA's candidates, then the row's (last CTA)
+  alignas(16) uint32_t cnt[kHistBins];  // radix counts; rank_select: the kept keys
+  unsigned long long mass[kHistBins];   // radix masses; rank_select: the kept keys' masses
   unsigned long long tmp[kWarps];
+  uint32_t red[kWarps];
   unsigned long long above;
+  uint32_t kept;  // rank_select: kept keys appended
   uint32_t n;     // candidates appended by this CTA
   uint32_t base;  // where this CTA's candidates go in the row's buffer
   int32_t digit;
@@ -245,13 +251,125 @@ __device__ unsigned long long kept_mass(const Enum& en, uint32_t kk, float ml, F
   return block_sum(t, sm);
 }
 
+// Zero-pads the n candidate keys in sm.keys to a multiple of 4 (count_above reads 16-byte words)
+// and ends with a barrier.
+__device__ __forceinline__ void pad_keys(FilterSmem& sm, uint32_t n) {
+  if (threadIdx.x < 4 && n + threadIdx.x < static_cast<uint32_t>(kCandCap)) {
+    sm.keys[n + threadIdx.x] = 0;
+  }
+  __syncthreads();
+}
+
+// Block-wide minimum of one value per thread (all threads must call).
+__device__ __forceinline__ uint32_t block_min_u32(uint32_t x, FilterSmem& sm) {
+#pragma unroll
+  for (int d = kWarp / 2; d > 0; d >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, d));
+  if (threadIdx.x % kWarp == 0) sm.red[threadIdx.x / kWarp] = x;
+  __syncthreads();
+  uint32_t r = sm.red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = min(r, sm.red[w]);
+  __syncthreads();  // sm.red may be reused right after
+  return r;
+}
+
+// Number of the n keys (zero-padded to a multiple of 4, 16-byte aligned) strictly above k; all
+// lanes read the same words (broadcast).
+__device__ __forceinline__ uint32_t count_above(const uint32_t* keys, int32_t n, uint32_t k) {
+  uint32_t c = 0;
+  const uint4* k4 = reinterpret_cast<const uint4*>(keys);
+  for (int32_t j = 0; j < (n + 3) / 4; ++j) {
+    const uint4 q = k4[j];
+    c += (q.x > k) + (q.y > k) + (q.z > k) + (q.w > k);
+  }
+  return c;
+}
+
+// The exact threshold among n <= kRankMax candidate keys by ranking: the top_k-th largest key kk
+// is the smallest key with fewer than top_k keys strictly above it; the keys >= kk (with their
+// masses) are then compacted into sm.cnt / sm.mass, and the top-p cut is the smallest kept key
+// whose strictly-greater kept mass is < target (the top key when none is). The same kept set and
+// integer kept mass as radix_kth_key + radix_top_p (their key may be a digit prefix below this
+// one with no candidate in between). target < 0: top_p times the kept mass. Whole CTA; the keys
+// must be zero-padded to a multiple of 4.
+__device__ void rank_select(const uint32_t* keys, int32_t n, bool topk, int32_t top_k, bool topp,
+                            float top_p, double target, float ml, FilterSmem& sm, uint32_t* key_out,
+                            unsigned long long* z_out) {
+  uint32_t kk = 0;
+  if (topk) {
+    uint32_t lo = 0xffffffffu;
+    for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t k = keys[i];
+      if (count_above(keys, n, k) < static_cast<uint32_t>(top_k)) lo = min(lo, k);
+    }
+    kk = block_min_u32(lo, sm);  // n >= top_k: some key has fewer than top_k above it
+  }
+  if (threadIdx.x == 0) sm.kept = 0;
+  __syncthreads();
+  unsigned long long t = 0;
+  for (int32_t i = threadIdx.x; i < n; i += kThreads) {
+    const uint32_t k = keys[i];
+    if (k >= kk) {
+      const unsigned long long w = fixed_mass(fast_weight(key_to_float(k), ml));
+      t += w;
+      if (topp) {
+        const uint32_t pos = atomicAdd(&sm.kept, 1u);
+        sm.cnt[pos] = k;
+        sm.mass[pos] = w;
+      }
+    }
+  }
+  const unsigned long long total = block_sum(t, sm);  // its barriers publish sm.kept and the list
+  if (!topp) {
+    *key_out = kk;
+    *z_out = total;
+    return;
+  }
+  const int32_t m = static_cast<int32_t>(sm.kept);
+  if (target < 0.0) target = static_cast<double>(top_p) * static_cast<double>(total);
+  uint32_t lo = 0xffffffffu;
+  bool found = false;
+  for (int32_t i = threadIdx.x; i < m; i += kThreads) {
+    const uint32_t k = sm.cnt[i];
+    unsigned long long above = 0;
+    for (int32_t j = 0; j < m; ++j) above += sm.cnt[j] > k ? sm.mass[j] : 0ull;
+    if (static_cast<double>(above) < target) {
+      lo = min(lo, k);
+      found = true;
+    }
+  }
+  found = __syncthreads_or(found) != 0;
+  uint32_t key;
+  if (found) {
+    key = block_min_u32(lo, sm);
+  } else {  // target <= 0: the top group is kept (SPEC §6.7)
+    uint32_t hi = 0;
+    for (int32_t i = threadIdx.x; i < m; i += kThreads) hi = max(hi, sm.cnt[i]);
+    key = ~block_min_u32(~hi, sm);
+  }
+  if (m == 0) key = kk;
+  unsigned long long z = 0;
+  for (int32_t i = threadIdx.x; i < m; i += kThreads) z += sm.cnt[i] >= key ? sm.mass[i] : 0ull;
+  *key_out = key > kk ? key : kk;
+  *z_out = block_sum(z, sm);
+}
+
 // Exact threshold of one row from an enumerator (candidates or the whole row). Returns false when
 // the candidates cannot decide (only for top-p without top-k: the cut might lie below them).
+// Candidates in shared memory (SmemKeys, zero-padded to a multiple of 4) up to rank_max (<=
+// kRankMax; 0 with PEAGLE_VERIFY_RADIX_SELECT=1) are selected by rank_select, more by radix digits.
 template <typename Enum>
 __device__ bool select_threshold(const Enum& en, int64_t num_elems, bool complete, int32_t top_k,
                                  float top_p, int32_t vocab, float ml, float zf, FilterSmem& sm,
-                                 uint32_t* key_out, unsigned long long* z_out) {
+                                 int32_t rank_max, uint32_t* key_out, unsigned long long* z_out) {
   const bool topk = top_k_active(top_k, vocab), topp = top_p_active(top_p);
+  constexpr bool kSmem = std::is_same_v<Enum, SmemKeys>;
+  if constexpr (kSmem) {
+    if (en.n <= rank_max && topk && en.n >= top_k) {
+      rank_select(en.keys, en.n, true, top_k, topp, top_p, -1.0, ml, sm, key_out, z_out);
+      return true;
+    }
+  }
   uint32_t kk = 0;
   if (topk) kk = radix_kth_key(en, static_cast<uint32_t>(top_k), sm);
   if (!topp) {
@@ -265,6 +383,12 @@ __device__ bool select_threshold(const Enum& en, int64_t num_elems, bool complet
     // the first non-candidate has mass >= target above it and is cut).
     target = static_cast<double>(top_p) * static_cast<double>(zf) * kMassScale;
     if (static_cast<double>(kept_mass(en, 0, ml, sm)) < target && num_elems < vocab) return false;
+  }
+  if constexpr (kSmem) {
+    if (en.n <= rank_max) {
+      rank_select(en.keys, en.n, topk, top_k, true, top_p, target, ml, sm, key_out, z_out);
+      return true;
+    }
   }
   radix_top_p(en, kk, ml, top_p, target, sm, key_out, z_out);
   return true;
@@ -358,10 +482,11 @@ __global__ void __launch_bounds__(kThreads, 3)
           }
           __syncthreads();
           const uint32_t total = sm.n;
+          pad_keys(sm, total);
           uint32_t key = 0;
           unsigned long long z = 0;
           select_threshold(SmemKeys{sm.keys, static_cast<int32_t>(total)}, total, true, info.top_k,
-                           info.top_p, p.vocab_size, m * kLog2e, rm.z, sm, &key, &z);
+                           info.top_p, p.vocab_size, m * kLog2e, rm.z, sm, ws.rank_max, &key, &z);
           if (key < t) key = t;  // non-candidates below T stay cut
           if (threadIdx.x == 0) {
             RowStats st;
@@ -400,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       const float inv_t = info.inv_t;
       // Candidate iff score_key(score_of(x)) >= key_t, i.e. s >= t as floats (-0 == +0; a NaN
       // score is -inf, a candidate only when t = -inf). Keys are computed for candidates only.
-      stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t, const float* x, auto cnt) {
+      auto collect = [&](int32_t, const float* x, auto cnt) {
         constexpr int kN = decltype(cnt)::value;
         float s[kN];
         uint32_t c = 0;
@@ -419,34 +544,58 @@ __global__ void __launch_bounds__(kThreads, 3)
             }
           }
         }
-      });
+      };
+      // One CTA per row (gridDim.x == 1, the group path): this CTA scans every split's share
+      // and selects at once; else split `split` only, the row's last CTA to arrive selecting.
+      const bool whole = gridDim.x == 1;
+      const int s_end = whole ? nsplit : split + 1;
+      for (int s = whole ? 0 : split; s < s_end; ++s) {
+        // row_stats wrote the group maxima of this row unless it took the candidate branch.
+        if (!kCands && ws.group_max != nullptr && !complete) {
+          scan_groups<D>(rp, p.vocab_size, s, nsplit, group_max_of_chunk(ws, row, s, warp), t,
+                         collect);
+        } else {
+          stream_split<D>(rp, p.vocab_size, s, nsplit, collect);
+        }
+      }
       __syncthreads();
       const uint32_t n = sm.n;
-      if (threadIdx.x == 0) sm.base = atomicAdd(ws.cand_count + row, n);  // total may exceed cap
-      __syncthreads();
-      const uint32_t base = sm.base;
-      const uint32_t cap = static_cast<uint32_t>(ws.cand_cap);  // <= kCandCap
-      uint32_t* dst = ws.cand_keys + row * cap;
-      for (uint32_t i = threadIdx.x; i < n && i < cap && base + i < cap; i += kThreads) {
-        dst[base + i] = sm.keys[i];
-      }
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) sm.last = atomicAdd(ws.filter_arrivals + row, 1u) == nsplit - 1u;
-      __syncthreads();
-      if (sm.last) {
+      uint32_t total = n, cap = static_cast<uint32_t>(kCandCap);
+      bool last = true;
+      uint32_t* dst = nullptr;
+      if (!whole) {
+        if (threadIdx.x == 0) sm.base = atomicAdd(ws.cand_count + row, n);  // may exceed cap
+        __syncthreads();
+        const uint32_t base = sm.base;
+        cap = static_cast<uint32_t>(ws.cand_cap);  // <= kCandCap
+        dst = ws.cand_keys + row * cap;
+        for (uint32_t i = threadIdx.x; i < n && i < cap && base + i < cap; i += kThreads) {
+          dst[base + i] = sm.keys[i];
+        }
         __threadfence();
-        const uint32_t total = __ldcg(ws.cand_count + row);
+        __syncthreads();
+        if (threadIdx.x == 0) sm.last = atomicAdd(ws.filter_arrivals + row, 1u) == nsplit - 1u;
+        __syncthreads();
+        last = sm.last;
+        if (last) {
+          __threadfence();
+          total = __ldcg(ws.cand_count + row);
+        }
+      }
+      if (last) {
         uint32_t key = 0;
         unsigned long long z = 0;
         // (Fewer than k candidates cannot happen with a valid bound; fall back all the same.)
         bool ok = total <= cap && !(top_k_active(info.top_k, p.vocab_size) &&
                                     total < static_cast<uint32_t>(info.top_k));
         if (ok) {
-          for (uint32_t i = threadIdx.x; i < total; i += kThreads) sm.keys[i] = __ldcg(dst + i);
-          __syncthreads();
+          if (!whole) {
+            for (uint32_t i = threadIdx.x; i < total; i += kThreads) sm.keys[i] = __ldcg(dst + i);
+          }
+          pad_keys(sm, total);
           ok = select_threshold(SmemKeys{sm.keys, static_cast<int32_t>(total)}, total, complete,
-                                info.top_k, info.top_p, p.vocab_size, ml, rm.z, sm, &key, &z);
+                                info.top_k, info.top_p, p.vocab_size, ml, rm.z, sm, ws.rank_max,
+                                &key, &z);
           // The radix may stop at a bucket prefix below the exact threshold (no candidate lies in
           // between); non-candidates there must stay cut. The exact threshold is >= key_t.
           if (key < key_t) key = key_t;
@@ -454,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         if (!ok) {  // radix passes over the whole row
           __syncthreads();
           select_threshold(RowKeys<D>{rp, p.vocab_size, inv_t}, p.vocab_size, true, info.top_k,
-                           info.top_p, p.vocab_size, ml, rm.z, sm, &key, &z);
+                           info.top_p, p.vocab_size, ml, rm.z, sm, 0, &key, &z);
         }
         if (threadIdx.x == 0) {
           RowStats st;

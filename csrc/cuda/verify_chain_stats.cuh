@@ -276,28 +276,53 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       const float inv_t = info.inv_t;
       float bval = -INFINITY, z = 0.0f, ml = -INFINITY;
       int32_t bidx = -1;
-      stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t v0, const float* x, auto cnt) {
-        constexpr int kN = decltype(cnt)::value;
-        float s[kN];
-        float vm = bval;
-        int vk = -1;  // position of a new maximum in this vector
+      // kGroups (filtered rows with group_max): also every group's maximum score.
+      auto pass = [&](auto groups) {
+        constexpr bool kGroups = decltype(groups)::value;
+        float gmx = -INFINITY;
+        int gv = 0;
+        float* gp = kGroups ? group_max_of_chunk(ws, row, split, warp) + lane : nullptr;
+        stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t v0, const float* x, auto cnt) {
+          constexpr int kN = decltype(cnt)::value;
+          float s[kN];
+          float vm = bval;
+          int vk = -1;  // position of a new maximum in this vector
 #pragma unroll
-        for (int k = 0; k < kN; ++k) {
-          s[k] = x[k] * inv_t;
-          if (s[k] > vm) {
-            vm = s[k];
-            vk = k;
+          for (int k = 0; k < kN; ++k) {
+            s[k] = x[k] * inv_t;
+            if (s[k] > vm) {
+              vm = s[k];
+              vk = k;
+            }
           }
-        }
-        if (vk >= 0) {  // rare after the first vectors: rescale the running sum
-          z *= ex2_approx((bval - vm) * kLog2e);
-          bval = vm;
-          bidx = v0 + vk;
-          ml = vm * kLog2e;
-        }
+          if (vk >= 0) {  // rare after the first vectors: rescale the running sum
+            z *= ex2_approx((bval - vm) * kLog2e);
+            bval = vm;
+            bidx = v0 + vk;
+            ml = vm * kLog2e;
+          }
 #pragma unroll
-        for (int k = 0; k < kN; ++k) z += fast_weight(s[k], ml);
-      });
+          for (int k = 0; k < kN; ++k) z += fast_weight(s[k], ml);
+          if constexpr (kGroups && kN == Elem<D>::kPerVec) {  // body vectors only
+#pragma unroll
+            for (int k = 0; k < kN; ++k) gmx = fmaxf(gmx, s[k]);  // NaN ignored
+            if (++gv == kGroupVecs) {
+              *gp = gmx;
+              gp += kWarp;
+              gmx = -INFINITY;
+              gv = 0;
+            }
+          }
+        });
+        if constexpr (kGroups) {
+          if (gv > 0) *gp = gmx;
+        }
+      };
+      if (ws.group_max != nullptr && info.mode == kRowFiltered) {
+        pass(std::true_type{});
+      } else {
+        pass(std::false_type{});
+      }
       a = Mzi{bval, z, bidx};
     }
     const float thread_max = a.m;
