@@ -1913,6 +1913,11 @@ def test_cuda_filter_groups_match_stream(vocab, b, groups, dtype, shift, top, mo
     lg[:, 5::97] = float("nan")  # never candidates, never group maxima
     lg[:, 11::389] = -math.inf
     lg[0, vocab // 2 : vocab // 2 + 9] = lg[0].nan_to_num(nan=-math.inf).max() + 0.5  # tied top
+    if vocab > 1300:  # top scores 128 / 256 / 512 elements apart: two in one thread's group
+        for d in (0, 128, 256, 512):
+            lg[1::2, 700 + d] = lg.nan_to_num(nan=-math.inf).max() + 0.25
+    if shift:  # quantised: ties, many groups with several candidates
+        lg.copy_((lg * 2).round() / 2)
     case["target_logits"] = _shifted_rows(lg.cuda(), shift)
     peaks = []
     outs = []
@@ -1959,6 +1964,83 @@ def test_cuda_chunk_sampling_distribution(shift):
     s = scores(logits[0].float(), temp)
     p = target_probs(s, kept_mask(s, 0, 1.0))
     assert 0.3 < float(p[x]) < 0.8 and float((got.num_accepted == 0).float().mean()) > 0.2
+    assert _chi2_pvalue(got.output_token_ids[:, 0], p) > 1e-4
+    wrong = 0.9 * p + 0.1 * (p > 0).double() / float((p > 0).sum())
+    assert _chi2_pvalue(got.output_token_ids[:, 0], wrong) < 1e-6
+
+
+# Kept sampling (group path, argmax drafts): decide_sample draws from row_filter's kept lists;
+# PEAGLE_VERIFY_KEPT_SAMPLING=0 reads the sampled rows (tiled path). The decisions are shared and
+# a draw may differ only where rounding moves it across a token boundary (SPEC §0.1).
+@requires_cuda
+@pytest.mark.parametrize("vocab,b,reps", [(201088, 64, 4), (65537, 200, 2), (40961, 600, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shift", [0, 3])
+def test_cuda_kept_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeypatch):
+    gen = torch.Generator().manual_seed(vocab + b + shift + int(dtype.itemsize))
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    temps[0] = 0.0
+    top_k = [int(x) for x in torch.randint(1, 300, (b,), generator=gen)]  # > 256: no list
+    top_p = [float(x) for x in torch.rand(b, generator=gen) * 0.9 + 0.1]
+    top_p[1] = 1.0
+    case = make_case(
+        counts, vocab, gen, temps=temps, dtype=dtype, scale=4.0, p_follow=0.9, top_k=top_k,
+        top_p=top_p,
+    )  # fmt: skip
+    lg = case["target_logits"]
+    lg[:, 5::97] = float("nan")
+    lg[2, vocab // 3 : vocab // 3 + 40] = lg[2].nan_to_num(nan=-math.inf).max() + 1.0  # tied top
+    case["target_logits"] = _shifted_rows(lg.cuda(), shift)
+    sampled = differ = 0
+    peaks = []
+    for rep in range(reps):
+        case["offsets"] = torch.arange(b, dtype=torch.int64) * 5 + 1000 * rep
+        outs = []
+        for kept in ("1", "0"):
+            monkeypatch.setenv("PEAGLE_VERIFY_KEPT_SAMPLING", kept)
+            run_op(case, "cuda")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            outs.append(run_op(case, "cuda"))
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+        monkeypatch.delenv("PEAGLE_VERIFY_KEPT_SAMPLING", raising=False)
+        kept_out, tiled = outs
+        check_invariants(kept_out, case)
+        assert torch.equal(kept_out.num_accepted, tiled.num_accepted)
+        same = (kept_out.output_token_ids == tiled.output_token_ids).all(dim=1)
+        sampled += sum(1 for t in temps if t > 0)
+        differ += int((~same).sum())
+    assert differ <= max(1, int(0.001 * sampled)), (differ, sampled)
+    assert peaks[0] > peaks[1], peaks  # the kept lists were allocated: the group path ran
+
+
+@requires_cuda
+@pytest.mark.slow
+def test_cuda_kept_sampling_distribution():
+    """Kept sampling's emitted first tokens follow the top-k/top-p target, with the draft (rejected
+    about half the time) among the kept tokens and the support spread over many groups and
+    splits: chi-square, with a power check."""
+    vocab, trials, temp, top_k, top_p = 40961, 20_000, 1.0, 20, 0.95
+    gen = torch.Generator().manual_seed(7)
+    row = torch.randn(vocab, generator=gen) - 12.0
+    support = torch.linspace(3, vocab - 4, 48).round().long()
+    row[support] = torch.randn(48, generator=gen) * 0.5
+    x = int(support[24])
+    row[x] = 3.0
+    logits = torch.stack([row, torch.randn(vocab, generator=gen)]).to(torch.bfloat16)
+    case = make_case([1] * trials, 1, gen, temps=temp)  # layout only; the rest is replaced
+    case["target_logits"] = logits.cuda().repeat(trials, 1)
+    case["draft_token_ids"] = torch.full((trials,), x, dtype=torch.int32)
+    case["seeds"] = torch.full((trials,), 4343, dtype=torch.int64)
+    case["offsets"] = torch.arange(trials, dtype=torch.int64)
+    case["top_k"] = torch.full((trials,), top_k, dtype=torch.int32)
+    case["top_p"] = torch.full((trials,), top_p)
+    got = run_op(case, "cuda")
+    s = scores(logits[0].float(), temp)
+    p = target_probs(s, kept_mask(s, top_k, top_p))
+    assert 0.2 < float(p[x]) < 0.8 and float((got.num_accepted == 0).float().mean()) > 0.2
     assert _chi2_pvalue(got.output_token_ids[:, 0], p) > 1e-4
     wrong = 0.9 * p + 0.1 * (p > 0).double() / float((p > 0).sum())
     assert _chi2_pvalue(got.output_token_ids[:, 0], wrong) < 1e-6

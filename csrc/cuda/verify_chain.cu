@@ -723,8 +723,31 @@ __device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, 
   }
 }
 
+// Kept sampling (group path, argmax drafts): the token at u * W over the sampled row's kept set,
+// which row_filter wrote sorted by token (kn <= kKeptCap entries), less the rejected draft; the
+// same weights as the tiled path (fast_weight of the same scores), summed per token in fp64, so
+// a draw may differ from the tiled path's only where rounding moves it across a token boundary.
+// One CTA. Whole CTA.
+__device__ void sample_kept(const VerifyChainParams& p, const Workspace& ws, int32_t r,
+                            const ReqSmem& rs, const Decision& dec, uint32_t kn, SampleSmem& ss) {
+  const uint2* kl = ws.kept + dec.row * kKeptCap;
+  const float ml = dec.m * kLog2e;
+  const auto mass = [&](int64_t i) -> double {
+    const uint2 e = __ldcg(kl + i);
+    if (static_cast<int32_t>(e.x) == dec.exclude) return 0.0;
+    return static_cast<double>(fast_weight(key_to_float(e.y), ml));
+  };
+  if (!pick_mass(static_cast<int64_t>(kn), mass, 0.0, false, rs, dec, ss)) {
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
+  }
+  if (threadIdx.x == 0) write_sampled(p, r, dec, static_cast<int32_t>(__ldcg(&kl[ss.tile].x)));
+}
+
 // Which sampling paths a kernel compiles (kernels that run one path keep the other's registers).
-enum : int { kTiledPath = 1, kChunkPath = 2, kBothPaths = 3 };
+// kKeptPath: the tiled path, but a filtered request whose sampled row has a kept list draws from
+// it (sample_kept); compiled only into the kernel launched when kept lists exist.
+enum : int { kTiledPath = 1, kChunkPath = 2, kBothPaths = 3, kKeptPath = 4 };
 
 // This CTA's share of the sampled row; the last CTA of the request writes the token. Whole CTA.
 // kInFlight (<= kTilesInFlight): tiles loaded together (register footprint only; the masses do not
@@ -788,13 +811,22 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
     }
   }
   if constexpr ((kPaths & kTiledPath) == 0) return;
+  if constexpr ((kPaths & kKeptPath) != 0) {
+    if (q == nullptr && rs.filtered) {
+      const uint32_t kn = __ldcg(ws.kept_n + dec.row);  // the same for every CTA of the request
+      if (kn != kKeptNone) {
+        if (split == 0) sample_kept(p, ws, r, rs, dec, kn, ss);
+        return;
+      }
+    }
+  }
   tile_masses<D, kInFlight>(sr, split, nsample, ws.tile_mass + r * ws.tiles_per_req, ss);
   if (arrive_last(ws, r, ss)) cdf_pick<D>(p, ws, r, rs, dec, sr, ss);
 }
 
 // kChunks: chunk sampling (one CTA per request, a latency chain: registers rather than
 // residency), else the tiled path.
-template <LogitsDtype D, bool kChunks>
+template <LogitsDtype D, bool kChunks, bool kKept = false>
 __global__ void __launch_bounds__(kThreads, kChunks ? kChunkCtasPerSm : kSampleCtasPerSm)
     decide_sample_kernel(const VerifyChainParams p, const Workspace ws) {
   __shared__ ReqSmem rs;
@@ -822,8 +854,8 @@ __global__ void __launch_bounds__(kThreads, kChunks ? kChunkCtasPerSm : kSampleC
       const Decision dec = ds.dec;
       if (split == 0) write_outputs(p, r, true, dec);
       if (dec.mode != kModeDone) {
-        sample_request<D, kTilesInFlight, kChunks ? kChunkPath : kTiledPath>(p, ws, r, rs, dec,
-                                                                             split, ss);
+        constexpr int kPaths = kChunks ? kChunkPath : (kKept ? kTiledPath | kKeptPath : kTiledPath);
+        sample_request<D, kTilesInFlight, kPaths>(p, ws, r, rs, dec, split, ss);
       }
     }
     __syncthreads();
@@ -1070,6 +1102,8 @@ struct Layout {
   size_t off_parts = 0, off_chunk_mz = 0, off_tile_mass = 0, off_stats = 0, off_cand_count = 0;
   size_t off_filter_arrivals = 0;
   size_t off_group_max = 0;
+  size_t off_kept = 0, off_kept_n = 0;
+  bool kept = false;        // kept sampling (group path)
   int32_t group_slots = 0;  // 0: no group maxima (row_filter streams every row)
   size_t off_cand_keys = 0, off_sample_arrivals = 0, off_samples = 0, total = 0;
   // Fused path (fused_kernel): one kernel over a work queue, persistent counters.
@@ -1119,6 +1153,14 @@ inline bool topk_in_stats_requested() {
 inline bool filter_stream_requested() {
   const char* v = std::getenv("PEAGLE_VERIFY_FILTER_STREAM");
   return v != nullptr && v[0] == '1';
+}
+
+// PEAGLE_VERIFY_KEPT_SAMPLING=0 (read at every call): on the group path, decide_sample reads the
+// sampled rows (tiled path) instead of drawing from row_filter's kept lists. The two agree except
+// where rounding moves a draw across a token boundary (tests).
+inline bool kept_sampling_requested() {
+  const char* v = std::getenv("PEAGLE_VERIFY_KEPT_SAMPLING");
+  return !(v != nullptr && v[0] == '0');
 }
 
 // PEAGLE_VERIFY_RADIX_SELECT=1 (read at every call): row_filter selects every threshold by radix
@@ -1210,8 +1252,15 @@ Layout plan(const VerifyChainParams& p) {
       constexpr int64_t kSpan = static_cast<int64_t>(kWarp) * kGroupVecs;
       l.group_slots = static_cast<int32_t>(kWarp * ((chunk_vecs + kSpan - 1) / kSpan));
       l.off_group_max = off;
-      off = align_up(off + sizeof(float) * static_cast<size_t>(rows) * l.nsplit * kWarps *
+      off = align_up(off + sizeof(uint2) * static_cast<size_t>(rows) * l.nsplit * kWarps *
                                static_cast<size_t>(l.group_slots));
+      l.kept = kept_sampling_requested();
+      if (l.kept) {
+        l.off_kept = off;
+        off = align_up(off + sizeof(uint2) * static_cast<size_t>(rows) * kKeptCap);
+        l.off_kept_n = off;
+        off = align_up(off + sizeof(uint32_t) * static_cast<size_t>(rows));
+      }
     }
     if (l.topk_in_stats) {
       const size_t parts = static_cast<size_t>(rows) * l.nsplit;
@@ -1244,8 +1293,10 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.nsample = l.nsample;
   ws.cand_cap = l.cand_cap;
   ws.rank_max = radix_select_requested() ? 0 : kRankMax;
-  ws.group_max = l.group_slots > 0 ? reinterpret_cast<float*>(base + l.off_group_max) : nullptr;
+  ws.group_max = l.group_slots > 0 ? reinterpret_cast<uint2*>(base + l.off_group_max) : nullptr;
   ws.group_slots = l.group_slots;
+  ws.kept = l.kept ? reinterpret_cast<uint2*>(base + l.off_kept) : nullptr;
+  ws.kept_n = l.kept ? reinterpret_cast<uint32_t*>(base + l.off_kept_n) : nullptr;
   ws.topk_cand = l.topk_in_stats ? reinterpret_cast<uint32_t*>(base + l.off_topk_cand) : nullptr;
   ws.topk_meta = l.topk_in_stats ? reinterpret_cast<TopkMeta*>(base + l.off_topk_meta) : nullptr;
   ws.next_item = nullptr;
@@ -1289,6 +1340,10 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   if (l.chunks) {
     return launch_pdl(decide_sample_kernel<D, true>, dim3(1, grid_reqs), dim3(kThreads), 0, stream,
                       p, ws);
+  }
+  if (l.kept) {
+    return launch_pdl(decide_sample_kernel<D, false, true>, dim3(l.nsample, grid_reqs),
+                      dim3(kThreads), 0, stream, p, ws);
   }
   return launch_pdl(decide_sample_kernel<D, false>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0,
                     stream, p, ws);

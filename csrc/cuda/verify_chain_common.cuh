@@ -29,9 +29,13 @@ constexpr int kStatsTopK = 64;
 constexpr int kThreadTop = 4;
 constexpr int kStatsCandCap = 128;
 constexpr uint32_t kStatsOverflow = 0xffffffffu;
-// Filtered rows: row_stats writes the maximum score of every group of kGroupVecs consecutive
-// vectors of a thread (group_max), so row_filter reads only the groups that reach its bound.
-constexpr int kGroupVecs = 8;
+// Filtered rows: row_stats writes a record of every group of kGroupVecs consecutive vectors of a
+// thread (group_max, group_record), so row_filter reads only the vectors that may reach its bound.
+constexpr int kGroupVecs = 16;  // a power of two (the record keeps the vector index in 4 bits)
+// Group path: row_filter also writes every filtered row's kept set (token, key) sorted by token
+// when it has at most kKeptCap tokens, so decide_sample draws from it without reading the row.
+constexpr int kKeptCap = 256;
+constexpr uint32_t kKeptNone = 0xffffffffu;  // kept_n: no list (the tiled path reads the row)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr double kMassScale = 4294967296.0;  // 2^32 fixed point for kept masses (e <= 1)
 
@@ -99,11 +103,15 @@ struct Workspace {
   int32_t nsample;   // CTAs per request in decide_sample
   int32_t cand_cap;  // candidate keys per row (else the radix fallback)
   int32_t rank_max;  // row_filter ranks at most this many candidates (else radix digits)
-  // Filtered rows (null without filters or with PEAGLE_VERIFY_FILTER_STREAM=1): the maximum
-  // score of every thread's group of kGroupVecs vectors; slot j * kWarp + lane of chunk c holds
-  // lane's vectors vb + lane + kWarp * (j * kGroupVecs + u), u < kGroupVecs (chunk_range).
-  float* group_max;     // [R, nsplit * kWarps, group_slots]
+  // Filtered rows on the group path (null otherwise): a record (group_record) of every thread's
+  // group of kGroupVecs vectors; slot j * kWarp + lane of chunk c holds lane's vectors
+  // vb + lane + kWarp * (j * kGroupVecs + u), u < kGroupVecs (chunk_range).
+  uint2* group_max;     // [R, nsplit * kWarps, group_slots]
   int32_t group_slots;  // per chunk: kWarp * ceil(largest chunk's vectors / (kWarp * kGroupVecs))
+  // Group path with kept sampling (null otherwise; PEAGLE_VERIFY_KEPT_SAMPLING=0 turns it off):
+  // per filtered row, its kept tokens and keys sorted by token (kept_n of them, or kKeptNone).
+  uint2* kept;       // [R, kKeptCap]: (token, score key)
+  uint32_t* kept_n;  // [R]
   // PEAGLE_VERIFY_TOPK_IN_STATS=1 with filtering (null otherwise): row_stats' top-k candidates.
   uint32_t* topk_cand;  // [R, nsplit, kStatsCandCap]
   TopkMeta* topk_meta;  // [R, nsplit]
@@ -281,10 +289,21 @@ __device__ __forceinline__ ChunkRange chunk_range(const RowBody& b, int32_t voca
   return c;
 }
 
-// This warp's group-maximum slots (chunk `split * kWarps + warp` of `row`), lane 0's first.
-__device__ __forceinline__ float* group_max_of_chunk(const Workspace& ws, int64_t row, int split,
+// This warp's group records (chunk `split * kWarps + warp` of `row`), lane 0's first.
+__device__ __forceinline__ uint2* group_max_of_chunk(const Workspace& ws, int64_t row, int split,
                                                      int warp) {
   return ws.group_max + (row * ws.nsplit * kWarps + split * kWarps + warp) * ws.group_slots;
+}
+
+// A group's record: x = score_key(g1) rounded up to a multiple of kGroupVecs, plus the index u of
+// the vector holding g1 (the largest score of the group); y = score_key(g2), g2 the largest score
+// of the other vectors. x >= score_key(g1), so a group with a score >= t has x >= score_key(t);
+// when y < score_key(t), only vector u can hold such a score (keys order scores as floats, -0 and
+// +0 alike).
+__device__ __forceinline__ uint2 group_record(float g1, int u, float g2) {
+  constexpr uint32_t kLow = kGroupVecs - 1;
+  const uint32_t k1 = ((score_key(g1) + kLow) & ~kLow) | static_cast<uint32_t>(u);
+  return make_uint2(k1, score_key(g2));
 }
 
 // Calls f(v0, vals, std::integral_constant<int, N>) over this CTA's share (split of nsplit) of a
@@ -345,13 +364,13 @@ __device__ __forceinline__ void stream_split(const char* row, int32_t vocab, int
   }
 }
 
-// As stream_split, but over the vectors of the groups whose maximum score (group_max of this
-// warp's chunk, `gm`) is >= t only (t > -inf), plus the head and tail scalars: the elements with
-// score >= t are among them. The group maxima are loaded 8 at a time (one round trip for up to
-// 8 groups per lane); a group's vectors are then loaded together.
+// As stream_split, but over the vectors that may hold a score >= t (t > -inf) by the group
+// records of this warp's chunk (`gr`, group_record): every vector of a group whose y reaches
+// key(t), else only the vector holding the group's maximum when its x does; plus the head and
+// tail scalars. The records are loaded 8 at a time (one round trip for up to 8 groups per lane).
 template <LogitsDtype D, typename F>
 __device__ __forceinline__ void scan_groups(const char* row, int32_t vocab, int split, int nsplit,
-                                            const float* gm, float t, F&& f) {
+                                            const uint2* gr, float t, F&& f) {
   constexpr int kEpv = Elem<D>::kPerVec, kBatch = 8;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const RowBody b = row_body<D>(row, vocab);
@@ -363,38 +382,56 @@ __device__ __forceinline__ void scan_groups(const char* row, int32_t vocab, int 
       f(v, x, std::integral_constant<int, 1>{});
     }
   }
-  constexpr int32_t kSpan = kWarp * kGroupVecs;  // vectors of one group slot row (j)
+  const uint32_t key_t = score_key(t);
+  auto visit = [&](int32_t k, const uint4& v) {  // body vector k (< c.ve), loaded
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    float vals[kEpv];
+    unpack_words<D, 4>(w, vals);
+    f(b.head + k * kEpv, vals, std::integral_constant<int, kEpv>{});
+  };
+  constexpr int32_t kSpan = kWarp * kGroupVecs;  // vectors of one row (j) of group slots
   const int32_t ngroups = (c.ve - c.vb + kSpan - 1) / kSpan;
   for (int32_t j0 = 0; j0 < ngroups; j0 += kBatch) {
-    float g[kBatch];
+    uint2 g[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int32_t j = j0 + u;
       const bool in = j < ngroups && c.vb + j * kSpan + lane < c.ve;
-      g[u] = in ? __ldcg(gm + j * kWarp + lane) : -INFINITY;
+      g[u] = in ? __ldcg(gr + j * kWarp + lane) : make_uint2(0u, 0u);
     }
-    uint32_t hits = 0;  // groups of this batch that reach t (a mask: no local-memory array)
+    uint32_t hits = 0, whole = 0;  // masks (no local-memory array)
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) hits |= static_cast<uint32_t>(g[u] >= t) << u;
+    for (int u = 0; u < kBatch; ++u) {
+      hits |= static_cast<uint32_t>(g[u].x >= key_t) << u;
+      whole |= static_cast<uint32_t>(g[u].y >= key_t) << u;
+    }
     while (hits != 0) {
       const int u = __ffs(static_cast<int>(hits)) - 1;
       hits &= hits - 1;
       const int32_t k0 = c.vb + (j0 + u) * kSpan + lane;
-      uint4 v[kGroupVecs];
+      if ((whole >> u) & 1u) {  // 4 vectors in flight at a time
+        constexpr int kIn = 4;
+#pragma unroll 1
+        for (int q0 = 0; q0 < kGroupVecs; q0 += kIn) {
+          uint4 v[kIn];
 #pragma unroll
-      for (int q = 0; q < kGroupVecs; ++q) {
-        const int32_t k = k0 + q * kWarp;
-        v[q] = k < c.ve ? ld_stream16(body + static_cast<int64_t>(k) * 16) : make_uint4(0, 0, 0, 0);
-      }
+          for (int q = 0; q < kIn; ++q) {
+            const int32_t k = k0 + (q0 + q) * kWarp;
+            v[q] = k < c.ve ? ld_stream16(body + static_cast<int64_t>(k) * 16)
+                            : make_uint4(0, 0, 0, 0);
+          }
 #pragma unroll
-      for (int q = 0; q < kGroupVecs; ++q) {
-        const int32_t k = k0 + q * kWarp;
-        if (k < c.ve) {
-          const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-          float vals[kEpv];
-          unpack_words<D, 4>(w, vals);
-          f(b.head + k * kEpv, vals, std::integral_constant<int, kEpv>{});
+          for (int q = 0; q < kIn; ++q) {
+            const int32_t k = k0 + (q0 + q) * kWarp;
+            if (k < c.ve) visit(k, v[q]);
+          }
         }
+      } else {
+        uint32_t x = 0;  // g[u].x without a dynamically indexed register array
+#pragma unroll
+        for (int q = 0; q < kBatch; ++q) x = q == u ? g[q].x : x;
+        const int32_t k = k0 + static_cast<int32_t>(x & (kGroupVecs - 1)) * kWarp;
+        visit(k, ld_stream16(body + static_cast<int64_t>(k) * 16));
       }
     }
   }

@@ -354,6 +354,51 @@ __device__ void rank_select(const uint32_t* keys, int32_t n, bool topk, int32_t 
   *z_out = block_sum(z, sm);
 }
 
+// The kept set of a row on the group path (one CTA per row, after its threshold `key` is known):
+// the elements with score_key(s) >= key, found by scanning the groups whose maximum reaches the
+// threshold again (their lines were just read), written to ws.kept sorted by token when there
+// are at most kKeptCap of them; ws.kept_n gets their number, else kKeptNone. Whole CTA.
+template <LogitsDtype D>
+__device__ void write_kept(const VerifyChainParams& p, const Workspace& ws, int64_t row,
+                           const char* rp, float inv_t, uint32_t key, FilterSmem& sm) {
+  const int warp = threadIdx.x / kWarp;
+  uint32_t* tok = sm.cnt;              // [kKeptCap]
+  uint32_t* kkey = sm.cnt + kKeptCap;  // [kKeptCap]
+  if (threadIdx.x == 0) sm.kept = 0;
+  __syncthreads();
+  const float t = key_to_float(key);  // score >= t as floats iff its key >= key (t > -inf)
+  for (int s = 0; s < ws.nsplit; ++s) {
+    scan_groups<D>(rp, p.vocab_size, s, ws.nsplit, group_max_of_chunk(ws, row, s, warp), t,
+                   [&](int32_t v0, const float* x, auto cnt) {
+                     constexpr int kN = decltype(cnt)::value;
+#pragma unroll
+                     for (int k = 0; k < kN; ++k) {
+                       const uint32_t kx = score_key(sanitize_score(x[k] * inv_t));
+                       if (kx >= key) {
+                         const uint32_t pos = atomicAdd(&sm.kept, 1u);
+                         if (pos < static_cast<uint32_t>(kKeptCap)) {
+                           tok[pos] = static_cast<uint32_t>(v0 + k);
+                           kkey[pos] = kx;
+                         }
+                       }
+                     }
+                   });
+  }
+  __syncthreads();
+  const uint32_t m = sm.kept;
+  if (m <= static_cast<uint32_t>(kKeptCap)) {
+    uint2* dst = ws.kept + row * kKeptCap;
+    for (uint32_t i = threadIdx.x; i < m; i += kThreads) {  // rank by token (tokens distinct)
+      const uint32_t ti = tok[i];
+      uint32_t r = 0;
+      for (uint32_t j = 0; j < m; ++j) r += tok[j] < ti;
+      dst[r] = make_uint2(ti, kkey[i]);
+    }
+  }
+  if (threadIdx.x == 0) ws.kept_n[row] = m <= static_cast<uint32_t>(kKeptCap) ? m : kKeptNone;
+  __syncthreads();
+}
+
 // Exact threshold of one row from an enumerator (candidates or the whole row). Returns false when
 // the candidates cannot decide (only for top-p without top-k: the cut might lie below them).
 // Candidates in shared memory (SmemKeys, zero-padded to a multiple of 4) up to rank_max (<=
@@ -612,6 +657,13 @@ __global__ void __launch_bounds__(kThreads, 3)
           st.z = static_cast<double>(z) / kMassScale;
           st.first_max = rm.idx < 0 ? 0 : rm.idx;
           ws.stats[row] = st;
+        }
+        if (ws.kept_n != nullptr) {  // group path (whole): every filtered row writes kept_n
+          if (ok && !complete) {
+            write_kept<D>(p, ws, row, rp, inv_t, key, sm);
+          } else if (threadIdx.x == 0) {
+            ws.kept_n[row] = kKeptNone;
+          }
         }
       }
     }

@@ -60,14 +60,15 @@ inline int32_t candidate_cap(int64_t pool_keys, int64_t rows, int64_t cap, int64
   return static_cast<int32_t>(fit > cap ? cap : (fit < min_cap ? min_cap : fit));
 }
 
-// Filtered rows: row_stats records every thread's group maxima (kGroupVecs = 8 vectors) and
-// row_filter then reads, in one CTA per row, only the groups reaching its candidate bound, when a
-// warp's chunk holds at least two groups per lane (chunk_vecs >= 2 * 32 * 8); with fewer, a lane
-// would wait for its group maximum and then for its vectors where streaming them is one load.
-//   B=64, V=201088 bf16: 3 splits, 1048 vectors per chunk -> groups (5 per lane; ~160 of the
-//   row's 3840 groups reach a top-k 50 bound at T=0.7); B=1: 50 splits, 63 vectors -> stream.
+// Filtered rows: row_stats writes a record per group of 16 vectors of a thread (its largest
+// score, which vector holds it, the largest of the others) and row_filter then reads, in one CTA
+// per row, only the vectors that may reach its candidate bound (mostly one per group that does),
+// when a warp's chunk holds at least 16 vectors per lane (chunk_vecs >= 32 * 16); with fewer, a
+// lane would wait for its record and then for its vectors where streaming them is one load.
+//   B=64, V=201088 bf16: 3 splits, 1048 vectors per chunk -> groups (3 per lane; ~160 of the
+//   row's 2304 groups reach a top-k 50 bound at T=0.7); B=1: 50 splits, 63 vectors -> stream.
 inline bool use_filter_groups(int64_t chunk_vecs) {
-  return chunk_vecs >= 2 * 32 * 8;
+  return chunk_vecs >= 32 * 16;
 }
 
 }  // namespace verify_chain_heuristics

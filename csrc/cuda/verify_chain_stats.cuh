@@ -3,9 +3,11 @@
 // the logits; random rows: of the scores s = logit * inv_t) and, for random rows, the online
 // normaliser sum 2^(s log2 e - m log2 e) (one FFMA + one MUFU.EX2 per element, fp32 running sum,
 // rescaled when the running max grows). Top-k rows also get a candidate bound for row_filter: the
-// k-th largest of the 256 per-thread maxima of the split (a lower bound on the row's k-th largest
-// score). With chunk sampling, random rows also write every warp's (max, sum) over its chunk
-// (chunk_mz). The kernel also zeroes the counters the later kernels use.
+// k-th largest of the 256 per-thread maxima of the split (block_kth_largest; a lower bound on the
+// row's k-th largest score). Filtered rows also write a record (group_record) per group of
+// kGroupVecs vectors of a thread (group_max). With chunk sampling, random rows also write every
+// warp's (max, sum) over its chunk (chunk_mz). The kernel also zeroes the counters the later
+// kernels use.
 //
 // With PEAGLE_VERIFY_TOPK_IN_STATS=1 (row_stats_kernel<D, true>), rows with top_k <= kStatsTopK
 // also collect candidates in the same pass: every thread keeps its kThreadTop largest scores
@@ -19,26 +21,30 @@
 namespace peagle {
 namespace {
 
-// Descending bitonic sort of kThreads floats in shared memory (whole CTA, one element per
-// thread; -inf allowed, no NaN).
-__device__ __forceinline__ void block_sort_desc(float* s) {
-  const int i = threadIdx.x;
-#pragma unroll 1
-  for (int size = 2; size <= kThreads; size <<= 1) {
-#pragma unroll 1
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const int j = i ^ stride;
-      if (j > i) {
-        const bool desc = (i & size) == 0;
-        const float a = s[i], b = s[j];
-        if (desc ? a < b : a > b) {
-          s[i] = b;
-          s[j] = a;
-        }
-      }
-      __syncthreads();
-    }
+// The rank-th largest (rank in [1, kThreads]) of kThreads floats in shared memory (one per
+// thread, no NaN, -inf allowed): the smallest value with fewer than `rank` values strictly above
+// it, by counting (kThreads compares per thread, all lanes reading the same words) instead of a
+// sort. Whole CTA; `red`: kWarps floats of scratch. Ends with a barrier.
+__device__ __forceinline__ float block_kth_largest(const float* v, int rank, float* red) {
+  __syncthreads();  // every thread's value is in v
+  const float mine = v[threadIdx.x];
+  int above = 0;
+  const float4* v4 = reinterpret_cast<const float4*>(v);
+#pragma unroll 8
+  for (int j = 0; j < kThreads / 4; ++j) {
+    const float4 q = v4[j];
+    above += (q.x > mine) + (q.y > mine) + (q.z > mine) + (q.w > mine);
   }
+  float lo = above < rank ? mine : INFINITY;
+#pragma unroll
+  for (int d = kWarp / 2; d > 0; d >>= 1) lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = lo;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = fminf(r, red[w]);
+  __syncthreads();
+  return r;
 }
 
 __device__ __forceinline__ void zero_counters(const VerifyChainParams& p, const Workspace& ws) {
@@ -58,7 +64,8 @@ __device__ __forceinline__ void zero_counters(const VerifyChainParams& p, const 
 struct StatsSmem {
   RowInfo info;
   Mzi warp[kWarps];
-  float sort[kThreads];
+  alignas(16) float maxima[kThreads];  // per-thread maxima (top-k rows' candidate bound)
+  float red[kWarps];
 };
 
 // One split of one logits row (the unit of work of row_stats and of the fused kernel's stats
@@ -276,12 +283,13 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       const float inv_t = info.inv_t;
       float bval = -INFINITY, z = 0.0f, ml = -INFINITY;
       int32_t bidx = -1;
-      // kGroups (filtered rows with group_max): also every group's maximum score.
+      // kGroups (filtered rows with group_max): also every group's record (group_record): its
+      // largest vector maximum g1 and which vector holds it, and the largest of the others, g2.
       auto pass = [&](auto groups) {
         constexpr bool kGroups = decltype(groups)::value;
-        float gmx = -INFINITY;
-        int gv = 0;
-        float* gp = kGroups ? group_max_of_chunk(ws, row, split, warp) + lane : nullptr;
+        float g1 = -INFINITY, g2 = -INFINITY;
+        int gv = 0, gi = 0;
+        uint2* gp = kGroups ? group_max_of_chunk(ws, row, split, warp) + lane : nullptr;
         stream_split<D>(rp, p.vocab_size, split, nsplit, [&](int32_t v0, const float* x, auto cnt) {
           constexpr int kN = decltype(cnt)::value;
           float s[kN];
@@ -304,18 +312,26 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
 #pragma unroll
           for (int k = 0; k < kN; ++k) z += fast_weight(s[k], ml);
           if constexpr (kGroups && kN == Elem<D>::kPerVec) {  // body vectors only
+            float vmax = -INFINITY;
 #pragma unroll
-            for (int k = 0; k < kN; ++k) gmx = fmaxf(gmx, s[k]);  // NaN ignored
+            for (int k = 0; k < kN; ++k) vmax = fmaxf(vmax, s[k]);  // NaN ignored
+            if (vmax > g1) {
+              g2 = g1;
+              g1 = vmax;
+              gi = gv;
+            } else {
+              g2 = fmaxf(g2, vmax);
+            }
             if (++gv == kGroupVecs) {
-              *gp = gmx;
+              *gp = group_record(g1, gi, g2);
               gp += kWarp;
-              gmx = -INFINITY;
-              gv = 0;
+              g1 = g2 = -INFINITY;
+              gv = gi = 0;
             }
           }
         });
         if constexpr (kGroups) {
-          if (gv > 0) *gp = gmx;
+          if (gv > 0) *gp = group_record(g1, gi, g2);
         }
       };
       if (ws.group_max != nullptr && info.mode == kRowFiltered) {
@@ -340,10 +356,10 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
     // Top-k rows: candidate bound = k-th largest per-thread maximum of this split.
     const bool want_bound = info.mode == kRowFiltered && top_k_active(info.top_k, p.vocab_size) &&
                             info.top_k <= kThreads;
+    float bound = -INFINITY;
     if (want_bound) {
-      sm.sort[threadIdx.x] = thread_max;  // -inf if the thread saw no finite score
-      __syncthreads();
-      block_sort_desc(sm.sort);
+      sm.maxima[threadIdx.x] = thread_max;  // -inf if the thread saw no finite score
+      bound = block_kth_largest(sm.maxima, info.top_k, sm.red);
     } else {
       __syncthreads();
     }
@@ -354,7 +370,7 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       out.m = t.idx < 0 ? -INFINITY : t.m;
       out.z = t.z;
       out.idx = t.idx;
-      out.bound = want_bound ? sm.sort[info.top_k - 1] : -INFINITY;
+      out.bound = bound;
       ws.parts[row * nsplit + split] = out;
     }
   }
