@@ -7,8 +7,8 @@ chunk of the split's 16-byte body vectors (chunk_range), lane-strided; the unali
 warp 0 of split 0, the tail to the last warp of the last split; each thread's elements in order),
 the per-thread argmax / online normaliser, the per-warp merge (warp_mzi's shuffle tree, whose
 (m, z) is the chunk mass record chunk_mz of random rows) and the merge over the warps, the top-k
-candidate bound (k-th largest per-thread maximum of a split), row_filter's candidate bound,
-candidate collection (capacity, overflow fallback), the radix selections exactly as written
+candidate bound (the min over warps of each warp's ceil(k / 8)-th largest thread maximum),
+row_filter's candidate bound, candidate collection (capacity, overflow fallback), the radix selections exactly as written
 (11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the candidate
 bound), decide_sample's acceptance chain and its inverse-CDF sampling, and the fused path's work
 queue (item mapping, ordering, an event simulation of its counters). Sampling takes one of two
@@ -410,8 +410,14 @@ class Emu:
         bound = NEG_INF
         r = info["r"]
         if info["mode"] == "filtered" and self.top_k_active(r) and int(self.top_k[r]) <= THREADS:
-            maxima = np.sort(np.array([pt[0] for pt in per_thread], dtype=np.float32))[::-1]
-            bound = maxima[int(self.top_k[r]) - 1]
+            # min over warps of each warp's ceil(k / 8)-th largest thread maximum
+            rank = -(-int(self.top_k[r]) // WARPS)
+            per_warp = []
+            for w in range(WARPS):
+                lane_max = np.array([pt[0] for pt in per_thread[w * WARP : (w + 1) * WARP]],
+                                    dtype=np.float32)  # fmt: skip
+                per_warp.append(np.sort(lane_max)[::-1][rank - 1])
+            bound = min(per_warp)
         return (m if idx >= 0 else NEG_INF, z, idx, bound)
 
     def stats_cands_row(self, info):

@@ -36,6 +36,7 @@ constexpr int kRankMax = 1024;
 
 struct FilterSmem {
   alignas(16) uint32_t keys[kCandCap];  // this CTA's candidates, then the row's (last CTA)
+  uint32_t tok[kRankMax];               // the first kRankMax candidates' tokens (write_kept)
   alignas(16) uint32_t cnt[kHistBins];  // radix counts; rank_select: the kept keys
   unsigned long long mass[kHistBins];   // radix masses; rank_select: the kept keys' masses
   unsigned long long tmp[kWarps];
@@ -355,34 +356,44 @@ __device__ void rank_select(const uint32_t* keys, int32_t n, bool topk, int32_t 
 }
 
 // The kept set of a row on the group path (one CTA per row, after its threshold `key` is known):
-// the elements with score_key(s) >= key, found by scanning the groups whose maximum reaches the
-// threshold again (their lines were just read), written to ws.kept sorted by token when there
-// are at most kKeptCap of them; ws.kept_n gets their number, else kKeptNone. Whole CTA.
+// the elements with score_key(s) >= key, written to ws.kept sorted by token when there are at
+// most kKeptCap of them; ws.kept_n gets their number, else kKeptNone. Every kept element is a
+// candidate (key >= the candidate bound's key), so with all n candidates' tokens in sm.tok
+// (n <= kRankMax) they are taken from sm.keys / sm.tok; else the groups reaching the threshold
+// are scanned again (their lines were just read). Whole CTA.
 template <LogitsDtype D>
 __device__ void write_kept(const VerifyChainParams& p, const Workspace& ws, int64_t row,
-                           const char* rp, float inv_t, uint32_t key, FilterSmem& sm) {
+                           const char* rp, float inv_t, uint32_t key, uint32_t n, FilterSmem& sm) {
   const int warp = threadIdx.x / kWarp;
   uint32_t* tok = sm.cnt;              // [kKeptCap]
   uint32_t* kkey = sm.cnt + kKeptCap;  // [kKeptCap]
   if (threadIdx.x == 0) sm.kept = 0;
   __syncthreads();
-  const float t = key_to_float(key);  // score >= t as floats iff its key >= key (t > -inf)
-  for (int s = 0; s < ws.nsplit; ++s) {
-    scan_groups<D>(rp, p.vocab_size, s, ws.nsplit, group_max_of_chunk(ws, row, s, warp), t,
-                   [&](int32_t v0, const float* x, auto cnt) {
-                     constexpr int kN = decltype(cnt)::value;
+  const auto keep = [&](uint32_t token, uint32_t kx) {
+    const uint32_t pos = atomicAdd(&sm.kept, 1u);
+    if (pos < static_cast<uint32_t>(kKeptCap)) {
+      tok[pos] = token;
+      kkey[pos] = kx;
+    }
+  };
+  if (n <= static_cast<uint32_t>(kRankMax)) {
+    for (uint32_t i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t kx = sm.keys[i];
+      if (kx >= key) keep(sm.tok[i], kx);
+    }
+  } else {
+    const float t = key_to_float(key);  // score >= t as floats iff its key >= key (t > -inf)
+    for (int s = 0; s < ws.nsplit; ++s) {
+      scan_groups<D>(rp, p.vocab_size, s, ws.nsplit, group_max_of_chunk(ws, row, s, warp), t,
+                     [&](int32_t v0, const float* x, auto cnt) {
+                       constexpr int kN = decltype(cnt)::value;
 #pragma unroll
-                     for (int k = 0; k < kN; ++k) {
-                       const uint32_t kx = score_key(sanitize_score(x[k] * inv_t));
-                       if (kx >= key) {
-                         const uint32_t pos = atomicAdd(&sm.kept, 1u);
-                         if (pos < static_cast<uint32_t>(kKeptCap)) {
-                           tok[pos] = static_cast<uint32_t>(v0 + k);
-                           kkey[pos] = kx;
-                         }
+                       for (int k = 0; k < kN; ++k) {
+                         const uint32_t kx = score_key(sanitize_score(x[k] * inv_t));
+                         if (kx >= key) keep(static_cast<uint32_t>(v0 + k), kx);
                        }
-                     }
-                   });
+                     });
+    }
   }
   __syncthreads();
   const uint32_t m = sm.kept;
@@ -469,8 +480,10 @@ __device__ __forceinline__ bool stats_cands_usable(const Workspace& ws, int64_t 
   return !bad && full && n <= static_cast<uint32_t>(kCandCap);
 }
 
-template <LogitsDtype D, bool kCands = false>
-__global__ void __launch_bounds__(kThreads, 3)
+// kCtasPerSm: 4 for the group path (one CTA per row: B=64 has 512 rows, one wave at 4 per SM
+// where 3 per SM left a second wave), else 3 (the streaming path's registers, no spills).
+template <LogitsDtype D, bool kCands = false, int kCtasPerSm = 3>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     row_filter_kernel(const VerifyChainParams p, const Workspace ws) {
   pdl_launch_dependents();
   __shared__ FilterSmem sm;
@@ -570,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       const float inv_t = info.inv_t;
       // Candidate iff score_key(score_of(x)) >= key_t, i.e. s >= t as floats (-0 == +0; a NaN
       // score is -inf, a candidate only when t = -inf). Keys are computed for candidates only.
-      auto collect = [&](int32_t, const float* x, auto cnt) {
+      auto collect = [&](int32_t v0, const float* x, auto cnt) {
         constexpr int kN = decltype(cnt)::value;
         float s[kN];
         uint32_t c = 0;
@@ -585,6 +598,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           for (int k = 0; k < kN; ++k) {
             if (complete || s[k] >= t) {
               if (pos < kCandCap) sm.keys[pos] = score_key(sanitize_score(s[k]));
+              if (pos < kRankMax) sm.tok[pos] = static_cast<uint32_t>(v0 + k);
               ++pos;
             }
           }
@@ -660,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
         if (ws.kept_n != nullptr) {  // group path (whole): every filtered row writes kept_n
           if (ok && !complete) {
-            write_kept<D>(p, ws, row, rp, inv_t, key, sm);
+            write_kept<D>(p, ws, row, rp, inv_t, key, total, sm);
           } else if (threadIdx.x == 0) {
             ws.kept_n[row] = kKeptNone;
           }

@@ -3,11 +3,11 @@
 // the logits; random rows: of the scores s = logit * inv_t) and, for random rows, the online
 // normaliser sum 2^(s log2 e - m log2 e) (one FFMA + one MUFU.EX2 per element, fp32 running sum,
 // rescaled when the running max grows). Top-k rows also get a candidate bound for row_filter: the
-// k-th largest of the 256 per-thread maxima of the split (block_kth_largest; a lower bound on the
-// row's k-th largest score). Filtered rows also write a record (group_record) per group of
-// kGroupVecs vectors of a thread (group_max). With chunk sampling, random rows also write every
-// warp's (max, sum) over its chunk (chunk_mz). The kernel also zeroes the counters the later
-// kernels use.
+// smallest over warps of each warp's ceil(k / 8)-th largest thread maximum (warp_kth_largest; a
+// lower bound on the row's k-th largest score). Filtered rows also write a record (group_record)
+// per group of kGroupVecs vectors of a thread (group_max). With chunk sampling, random rows also
+// write every warp's (max, sum) over its chunk (chunk_mz). The kernel also zeroes the counters the
+// later kernels use.
 //
 // With PEAGLE_VERIFY_TOPK_IN_STATS=1 (row_stats_kernel<D, true>), rows with top_k <= kStatsTopK
 // also collect candidates in the same pass: every thread keeps its kThreadTop largest scores
@@ -21,30 +21,17 @@
 namespace peagle {
 namespace {
 
-// The rank-th largest (rank in [1, kThreads]) of kThreads floats in shared memory (one per
-// thread, no NaN, -inf allowed): the smallest value with fewer than `rank` values strictly above
-// it, by counting (kThreads compares per thread, all lanes reading the same words) instead of a
-// sort. Whole CTA; `red`: kWarps floats of scratch. Ends with a barrier.
-__device__ __forceinline__ float block_kth_largest(const float* v, int rank, float* red) {
-  __syncthreads();  // every thread's value is in v
-  const float mine = v[threadIdx.x];
+// The rank-th largest (rank in [1, kWarp]) of the warp's lane values (no NaN, -inf allowed): the
+// smallest value with fewer than `rank` lane values strictly above it (32 shuffles per lane).
+// Every lane gets it.
+__device__ __forceinline__ float warp_kth_largest(float v, int rank) {
   int above = 0;
-  const float4* v4 = reinterpret_cast<const float4*>(v);
-#pragma unroll 8
-  for (int j = 0; j < kThreads / 4; ++j) {
-    const float4 q = v4[j];
-    above += (q.x > mine) + (q.y > mine) + (q.z > mine) + (q.w > mine);
-  }
-  float lo = above < rank ? mine : INFINITY;
+#pragma unroll
+  for (int j = 0; j < kWarp; ++j) above += __shfl_sync(0xffffffffu, v, j) > v;
+  float lo = above < rank ? v : INFINITY;
 #pragma unroll
   for (int d = kWarp / 2; d > 0; d >>= 1) lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
-  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = lo;
-  __syncthreads();
-  float r = red[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) r = fminf(r, red[w]);
-  __syncthreads();
-  return r;
+  return lo;
 }
 
 __device__ __forceinline__ void zero_counters(const VerifyChainParams& p, const Workspace& ws) {
@@ -64,8 +51,7 @@ __device__ __forceinline__ void zero_counters(const VerifyChainParams& p, const 
 struct StatsSmem {
   RowInfo info;
   Mzi warp[kWarps];
-  alignas(16) float maxima[kThreads];  // per-thread maxima (top-k rows' candidate bound)
-  float red[kWarps];
+  float bound[kWarps];  // top-k rows: each warp's ceil(k / kWarps)-th largest thread maximum
 };
 
 // One split of one logits row (the unit of work of row_stats and of the fused kernel's stats
@@ -353,16 +339,18 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       }
     }
     if (lane == 0) sm.warp[warp] = a;
-    // Top-k rows: candidate bound = k-th largest per-thread maximum of this split.
+    // Top-k rows: candidate bound = the smallest over warps of each warp's r-th largest thread
+    // maximum, r = ceil(k / kWarps): kWarps * r >= k thread maxima (distinct elements of the
+    // split) are >= it, so it is a lower bound on the split's (and the row's) k-th largest score;
+    // a little looser than the k-th largest of all kThreads maxima, at 32 compares per thread
+    // instead of kThreads.
     const bool want_bound = info.mode == kRowFiltered && top_k_active(info.top_k, p.vocab_size) &&
                             info.top_k <= kThreads;
-    float bound = -INFINITY;
     if (want_bound) {
-      sm.maxima[threadIdx.x] = thread_max;  // -inf if the thread saw no finite score
-      bound = block_kth_largest(sm.maxima, info.top_k, sm.red);
-    } else {
-      __syncthreads();
+      const float b = warp_kth_largest(thread_max, (info.top_k + kWarps - 1) / kWarps);
+      if (lane == 0) sm.bound[warp] = b;  // thread_max: -inf if the thread saw no finite score
     }
+    __syncthreads();
     if (threadIdx.x == 0) {
       Mzi t = sm.warp[0];
       for (int w = 1; w < kWarps; ++w) t = merge_mzi(t, sm.warp[w]);
@@ -370,6 +358,11 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
       out.m = t.idx < 0 ? -INFINITY : t.m;
       out.z = t.z;
       out.idx = t.idx;
+      float bound = -INFINITY;
+      if (want_bound) {
+        bound = sm.bound[0];
+        for (int w = 1; w < kWarps; ++w) bound = fminf(bound, sm.bound[w]);
+      }
       out.bound = bound;
       ws.parts[row * nsplit + split] = out;
     }
