@@ -1330,16 +1330,11 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   if (err != cudaSuccess) return err;
   if (l.filter) {
     // The group path reads a few groups per row: one CTA per row, no cross-CTA candidate merge.
-    if (l.topk_in_stats) {
-      err = launch_pdl(row_filter_kernel<D, true>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0,
-                       stream, p, ws);
-    } else if (l.group_slots > 0) {
-      err = launch_pdl(row_filter_kernel<D, false, 4>, dim3(1, grid_rows), dim3(kThreads), 0,
-                       stream, p, ws);
-    } else {
-      err = launch_pdl(row_filter_kernel<D>, dim3(l.nsplit, grid_rows), dim3(kThreads), 0, stream,
-                       p, ws);
-    }
+    const unsigned filter_ctas = l.group_slots > 0 ? 1u : static_cast<unsigned>(l.nsplit);
+    err = l.topk_in_stats ? launch_pdl(row_filter_kernel<D, true>, dim3(l.nsplit, grid_rows),
+                                       dim3(kThreads), 0, stream, p, ws)
+                          : launch_pdl(row_filter_kernel<D>, dim3(filter_ctas, grid_rows),
+                                       dim3(kThreads), 0, stream, p, ws);
     if (err != cudaSuccess) return err;
   }
   if (l.chunks) {

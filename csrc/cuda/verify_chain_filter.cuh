@@ -480,10 +480,10 @@ __device__ __forceinline__ bool stats_cands_usable(const Workspace& ws, int64_t 
   return !bad && full && n <= static_cast<uint32_t>(kCandCap);
 }
 
-// kCtasPerSm: 4 for the group path (one CTA per row: B=64 has 512 rows, one wave at 4 per SM
-// where 3 per SM left a second wave), else 3 (the streaming path's registers, no spills).
-template <LogitsDtype D, bool kCands = false, int kCtasPerSm = 3>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+// 4 CTAs per SM (64 registers, a few spilled in the cold radix code): at B=64 the group path's
+// 512 one-row CTAs fit one wave (3 per SM left a second), and B=1's streaming CTAs finish sooner.
+template <LogitsDtype D, bool kCands = false>
+__global__ void __launch_bounds__(kThreads, 4)
     row_filter_kernel(const VerifyChainParams p, const Workspace ws) {
   pdl_launch_dependents();
   __shared__ FilterSmem sm;
