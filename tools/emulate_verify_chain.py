@@ -8,11 +8,11 @@ warp 0 of split 0, the tail to the last warp of the last split; each thread's el
 the per-thread argmax / online normaliser, the per-warp merge (warp_mzi's shuffle tree, whose
 (m, z) is the chunk mass record chunk_mz of random rows) and the merge over the warps, the top-k
 candidate bound (the min over warps of each warp's ceil(k / 8)-th largest thread maximum),
-row_filter's candidate bound, candidate collection (capacity, overflow fallback), the radix selections exactly as written
-(11/11/10-bit digits, whole-bucket and single-element early exits, the floor at the candidate
-bound), decide_sample's acceptance chain and its inverse-CDF sampling, and the fused path's work
-queue (item mapping, ordering, an event simulation of its counters). Sampling takes one of two
-paths, as in the kernels:
+row_filter's candidate bound, candidate collection (capacity, overflow fallback), the radix
+selections exactly as written (11/11/10-bit digits, whole-bucket and single-element early exits,
+the floor at the candidate bound), decide_sample's acceptance chain and its inverse-CDF
+sampling, and the fused path's work queue (item mapping, ordering, an event simulation of its
+counters). Sampling takes one of two paths, as in the kernels:
 
 * chunk sampling (the default without top_k/top_p, draft_probs and exponentials; one CTA per
   request): level 1, the chunk masses float(z_c * fast_weight(m_c, m log2 e)) from row_stats'
