@@ -7,7 +7,8 @@ chunk of the split's 16-byte body vectors (chunk_range), lane-strided; the unali
 warp 0 of split 0, the tail to the last warp of the last split; each thread's elements in order),
 the per-thread argmax / online normaliser, the per-warp merge (warp_mzi's shuffle tree, whose
 (m, z) is the chunk mass record chunk_mz of random rows) and the merge over the warps, the top-k
-candidate bound (the min over warps of each warp's ceil(k / 8)-th largest thread maximum),
+candidate bound (the min over warps of each warp's ceil(k / 8)-th largest thread maximum, or
+the exact k-th largest where streamed rows have splits of >= 8192 logits),
 row_filter's candidate bound, candidate collection (capacity, overflow fallback), the radix
 selections exactly as written (11/11/10-bit digits, whole-bucket and single-element early exits,
 the floor at the candidate bound), decide_sample's acceptance chain and its inverse-CDF
@@ -228,6 +229,13 @@ class Emu:
         rows = max(self.R, 1)
         elems_cap = max(1, -(-self.V // min_stats_elems))
         self.nsplit = int(min(max(1, -(-8 * SMS // rows)), elems_cap))
+        # verify_chain_heuristics::use_filter_groups / use_exact_bound: rows whose warps' chunks
+        # hold < 512 vectors are streamed by row_filter; those with splits of >= 8192 logits take
+        # the exact k-th largest thread maximum as the top-k bound, the rest the per-warp one.
+        epv = 4 if self.dtype == torch.float32 else 8
+        split_vecs = -(-(self.V // epv) // self.nsplit)
+        chunk_vecs = -(-split_vecs // WARPS)
+        self.exact_bound = chunk_vecs < WARP * 16 and -(-self.V // self.nsplit) >= 8192
         self.tile_threads = tile_threads
         tiles = -(-self.V // (8 * tile_threads))
         # plan(): chunk sampling without top_k / top_p, draft_probs and exponentials tensors
@@ -410,14 +418,14 @@ class Emu:
         bound = NEG_INF
         r = info["r"]
         if info["mode"] == "filtered" and self.top_k_active(r) and int(self.top_k[r]) <= THREADS:
-            # min over warps of each warp's ceil(k / 8)-th largest thread maximum
-            rank = -(-int(self.top_k[r]) // WARPS)
-            per_warp = []
-            for w in range(WARPS):
-                lane_max = np.array([pt[0] for pt in per_thread[w * WARP : (w + 1) * WARP]],
-                                    dtype=np.float32)  # fmt: skip
-                per_warp.append(np.sort(lane_max)[::-1][rank - 1])
-            bound = min(per_warp)
+            maxima = np.array([pt[0] for pt in per_thread], dtype=np.float32)
+            if self.exact_bound:  # the top_k-th largest of all thread maxima
+                bound = np.sort(maxima)[::-1][int(self.top_k[r]) - 1]
+            else:  # min over warps of each warp's ceil(k / 8)-th largest thread maximum
+                rank = -(-int(self.top_k[r]) // WARPS)
+                per_warp = [np.sort(maxima[w * WARP : (w + 1) * WARP])[::-1][rank - 1]
+                            for w in range(WARPS)]  # fmt: skip
+                bound = min(per_warp)
         return (m if idx >= 0 else NEG_INF, z, idx, bound)
 
     def stats_cands_row(self, info):

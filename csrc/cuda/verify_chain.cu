@@ -1295,6 +1295,8 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
   ws.rank_max = radix_select_requested() ? 0 : kRankMax;
   ws.group_max = l.group_slots > 0 ? reinterpret_cast<uint2*>(base + l.off_group_max) : nullptr;
   ws.group_slots = l.group_slots;
+  ws.exact_bound = verify_chain_heuristics::use_exact_bound(
+      l.group_slots == 0, (static_cast<int64_t>(p.vocab_size) + l.nsplit - 1) / l.nsplit);
   ws.kept = l.kept ? reinterpret_cast<uint2*>(base + l.off_kept) : nullptr;
   ws.kept_n = l.kept ? reinterpret_cast<uint32_t*>(base + l.off_kept_n) : nullptr;
   ws.topk_cand = l.topk_in_stats ? reinterpret_cast<uint32_t*>(base + l.off_topk_cand) : nullptr;

@@ -103,6 +103,7 @@ struct Workspace {
   int32_t nsample;   // CTAs per request in decide_sample
   int32_t cand_cap;  // candidate keys per row (else the radix fallback)
   int32_t rank_max;  // row_filter ranks at most this many candidates (else radix digits)
+  bool exact_bound;  // top-k bound: the split's exact k-th largest thread maximum (else per warp)
   // Filtered rows on the group path (null otherwise): a record (group_record) of every thread's
   // group of kGroupVecs vectors; slot j * kWarp + lane of chunk c holds lane's vectors
   // vb + lane + kWarp * (j * kGroupVecs + u), u < kGroupVecs (chunk_range).

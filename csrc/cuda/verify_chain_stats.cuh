@@ -4,10 +4,11 @@
 // normaliser sum 2^(s log2 e - m log2 e) (one FFMA + one MUFU.EX2 per element, fp32 running sum,
 // rescaled when the running max grows). Top-k rows also get a candidate bound for row_filter: the
 // smallest over warps of each warp's ceil(k / 8)-th largest thread maximum (warp_kth_largest; a
-// lower bound on the row's k-th largest score). Filtered rows also write a record (group_record)
-// per group of kGroupVecs vectors of a thread (group_max). With chunk sampling, random rows also
-// write every warp's (max, sum) over its chunk (chunk_mz). The kernel also zeroes the counters the
-// later kernels use.
+// lower bound on the row's k-th largest score), or where streamed rows have large splits the
+// exact k-th largest thread maximum (block_kth_largest; ws.exact_bound). Filtered rows also
+// write a record (group_record) per group of kGroupVecs vectors of a thread (group_max). With
+// chunk sampling, random rows also write every warp's (max, sum) over its chunk (chunk_mz). The
+// kernel also zeroes the counters the later kernels use.
 //
 // With PEAGLE_VERIFY_TOPK_IN_STATS=1 (row_stats_kernel<D, true>), rows with top_k <= kStatsTopK
 // also collect candidates in the same pass: every thread keeps its kThreadTop largest scores
@@ -20,6 +21,32 @@
 
 namespace peagle {
 namespace {
+
+// The rank-th largest (rank in [1, kThreads]) of kThreads floats in shared memory (one per
+// thread, no NaN, -inf allowed): the smallest value with fewer than `rank` values strictly above
+// it, by counting (kThreads compares per thread, all lanes reading the same words) instead of a
+// sort. Whole CTA; `red`: kWarps floats of scratch. Ends with a barrier.
+__device__ __forceinline__ float block_kth_largest(const float* v, int rank, float* red) {
+  __syncthreads();  // every thread's value is in v
+  const float mine = v[threadIdx.x];
+  int above = 0;
+  const float4* v4 = reinterpret_cast<const float4*>(v);
+#pragma unroll 8
+  for (int j = 0; j < kThreads / 4; ++j) {
+    const float4 q = v4[j];
+    above += (q.x > mine) + (q.y > mine) + (q.z > mine) + (q.w > mine);
+  }
+  float lo = above < rank ? mine : INFINITY;
+#pragma unroll
+  for (int d = kWarp / 2; d > 0; d >>= 1) lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = lo;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = fminf(r, red[w]);
+  __syncthreads();
+  return r;
+}
 
 // The rank-th largest (rank in [1, kWarp]) of the warp's lane values (no NaN, -inf allowed): the
 // smallest value with fewer than `rank` lane values strictly above it (32 shuffles per lane).
@@ -52,6 +79,8 @@ struct StatsSmem {
   RowInfo info;
   Mzi warp[kWarps];
   float bound[kWarps];  // top-k rows: each warp's ceil(k / kWarps)-th largest thread maximum
+  alignas(16) float maxima[kThreads];  // streamed top-k rows: the thread maxima (exact bound)
+  float red[kWarps];
 };
 
 // One split of one logits row (the unit of work of row_stats and of the fused kernel's stats
@@ -346,7 +375,16 @@ __device__ __forceinline__ void stats_item(const VerifyChainParams& p, const Wor
     // instead of kThreads.
     const bool want_bound = info.mode == kRowFiltered && top_k_active(info.top_k, p.vocab_size) &&
                             info.top_k <= kThreads;
-    if (want_bound) {
+    // Where row_filter streams the rows with large splits (ws.exact_bound:
+    // verify_chain_heuristics::use_exact_bound) the bound is the exact k-th largest of all
+    // thread maxima: there the looser one let more candidates into the cross-CTA collection.
+    const bool exact = want_bound && ws.exact_bound;
+    if (exact) {
+      sm.maxima[threadIdx.x] = thread_max;
+      const float b = block_kth_largest(sm.maxima, info.top_k, sm.red);
+      if (threadIdx.x == 0) sm.bound[0] = b;
+      for (int w = 1; w < kWarps && threadIdx.x == 0; ++w) sm.bound[w] = b;
+    } else if (want_bound) {
       const float b = warp_kth_largest(thread_max, (info.top_k + kWarps - 1) / kWarps);
       if (lane == 0) sm.bound[warp] = b;  // thread_max: -inf if the thread saw no finite score
     }
