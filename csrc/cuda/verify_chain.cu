@@ -37,7 +37,7 @@ namespace {
 constexpr int kChunk = 32;                 // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
-constexpr int kSampleCtasPerSm = 3;        // decide_sample residency (its __launch_bounds__)
+constexpr int kSampleCtasPerSm = 3;        // tiled decide_sample residency from 32 requests
 constexpr int kChunkCtasPerSm = 2;         // ... with chunk sampling
 constexpr int kFusedTilesInFlight = 2;     // fused_kernel's sampling items (64 registers)
 constexpr int kMinStatsElems = 4096;       // row_stats / row_filter: at least this many per CTA
@@ -826,8 +826,8 @@ __device__ void sample_request(const VerifyChainParams& p, const Workspace& ws, 
 
 // kChunks: chunk sampling (one CTA per request, a latency chain: registers rather than
 // residency), else the tiled path.
-template <LogitsDtype D, bool kChunks, bool kKept = false>
-__global__ void __launch_bounds__(kThreads, kChunks ? kChunkCtasPerSm : kSampleCtasPerSm)
+template <LogitsDtype D, bool kChunks, bool kKept = false, int kCtas = kSampleCtasPerSm>
+__global__ void __launch_bounds__(kThreads, kChunks ? kChunkCtasPerSm : kCtas)
     decide_sample_kernel(const VerifyChainParams p, const Workspace ws) {
   __shared__ ReqSmem rs;
   __shared__ DecideSmem ds;
@@ -1093,7 +1093,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 struct Layout {
   int32_t nsplit = 1;
   int32_t nsample = 1;
-  int64_t tiles = 1;  // inverse-CDF tiles per row
+  int32_t sample_ctas = kSampleCtasPerSm;  // tiled decide_sample CTAs per SM (2 or 3)
+  int64_t tiles = 1;                       // inverse-CDF tiles per row
   int32_t cand_cap = kCandCap;
   bool filter = false;
   bool chunks = false;         // chunk sampling (decide_sample: one CTA per request)
@@ -1170,6 +1171,14 @@ inline bool radix_select_requested() {
   return v != nullptr && v[0] == '1';
 }
 
+// Residency of the tiled decide_sample (its __launch_bounds__; verify_chain_heuristics::
+// sample_ctas_per_sm); PEAGLE_VERIFY_SAMPLE_CTAS=2 / 3 (read at every call) forces it.
+inline int32_t sample_ctas_per_sm(int64_t reqs) {
+  const char* v = std::getenv("PEAGLE_VERIFY_SAMPLE_CTAS");
+  if (v != nullptr && (v[0] == '2' || v[0] == '3')) return v[0] - '0';
+  return verify_chain_heuristics::sample_ctas_per_sm(reqs);
+}
+
 template <LogitsDtype D>
 int32_t fused_ctas_per_sm() {
   static const int32_t n = [] {
@@ -1200,7 +1209,8 @@ Layout plan(const VerifyChainParams& p) {
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
   l.chunks = !l.filter && p.draft_probs == nullptr && p.exponentials == nullptr &&
              chunks_chosen(p.num_reqs);
-  l.nsample = l.chunks ? 1 : h::sample_ctas(sms, kSampleCtasPerSm, reqs, l.tiles);
+  l.sample_ctas = sample_ctas_per_sm(p.num_reqs);
+  l.nsample = l.chunks ? 1 : h::sample_ctas(sms, l.sample_ctas, reqs, l.tiles);
   l.fused = !l.filter && p.num_reqs > 0 && fused_requested();
   if (l.fused) {
     int32_t per_sm = 4;
@@ -1343,8 +1353,15 @@ cudaError_t launch_typed(const VerifyChainParams& p, const Layout& l, char* base
     return launch_pdl(decide_sample_kernel<D, true>, dim3(1, grid_reqs), dim3(kThreads), 0, stream,
                       p, ws);
   }
+  const bool two = l.sample_ctas == 2;
   if (l.kept) {
-    return launch_pdl(decide_sample_kernel<D, false, true>, dim3(l.nsample, grid_reqs),
+    return two ? launch_pdl(decide_sample_kernel<D, false, true, 2>, dim3(l.nsample, grid_reqs),
+                            dim3(kThreads), 0, stream, p, ws)
+               : launch_pdl(decide_sample_kernel<D, false, true>, dim3(l.nsample, grid_reqs),
+                            dim3(kThreads), 0, stream, p, ws);
+  }
+  if (two) {
+    return launch_pdl(decide_sample_kernel<D, false, false, 2>, dim3(l.nsample, grid_reqs),
                       dim3(kThreads), 0, stream, p, ws);
   }
   return launch_pdl(decide_sample_kernel<D, false>, dim3(l.nsample, grid_reqs), dim3(kThreads), 0,

@@ -29,6 +29,16 @@ inline int32_t sample_ctas(int64_t sms, int64_t ctas_per_sm, int64_t reqs, int64
   return static_cast<int32_t>(clamp_splits((ctas_per_sm * sms) / reqs, tiles));
 }
 
+// Tiled decide_sample CTAs per SM (its __launch_bounds__, and the wave sample_ctas fills): 2 below
+// 32 requests (128 registers: its acceptance-and-sampling chain keeps every value in registers),
+// 3 from 32 (80 registers, ~50 bytes spilled; one wider wave). Measured on the H200 (V = 201088,
+// same build, interleaved x2): with 2, B=1 T=0.7 20.45 -> 19.6 us, B=1 greedy 9.66 -> 9.44,
+// B=8 T=0.7 36.74 -> 36.1, B=1 / B=8 top-k 50 + top-p 0.9 71.0 -> 69.9 / 108.2 -> 107.2; but
+// B=64 top-p 0.9 alone (the tiled path behind the radix fallback) 1103 -> 1111 us.
+inline int32_t sample_ctas_per_sm(int64_t reqs) {
+  return reqs < 32 ? 2 : 3;
+}
+
 // Chunk sampling (one decide_sample CTA per request reads one or two chunks of the sampled row)
 // or the tiled path (S2 CTAs per request read all of it): chunks from 32 requests. Measured on
 // the H200 at V = 201088 / 151936, T = 0.7 (docs/architecture.md): chunks 0.91x / 0.94x the tiled
