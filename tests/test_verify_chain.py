@@ -2084,3 +2084,23 @@ def test_cuda_fused_chunk_sampling_resets_counters_on_empty_rows(monkeypatch):
             got = run_op(c, "cuda")
             check_invariants(got, c)
             _assert_same(w, got)
+
+
+@requires_cuda
+@pytest.mark.parametrize("b,vocab", [(1, 201088), (8, 32001), (40, 4097)])
+def test_cuda_sample_ctas_same_bits(b, vocab, monkeypatch):
+    """The tiled decide_sample's residency (2 CTAs per SM below 32 requests, 3 from 32;
+    PEAGLE_VERIFY_SAMPLE_CTAS forces it) changes how many CTAs share a request's tiles, never the
+    tile masses or the draw: the same bits either way."""
+    gen = torch.Generator().manual_seed(96 + b)
+    counts = [int(x) for x in torch.randint(1, 8, (b,), generator=gen)]
+    temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    temps[-1] = 0.0 if b > 1 else temps[-1]  # a greedy request among random ones
+    case = make_case(counts, vocab, gen, temps=temps, dtype=torch.bfloat16, scale=3.0)
+    monkeypatch.setenv("PEAGLE_VERIFY_CHUNKS", "0")  # the tiled path at every B
+    outs = []
+    for ctas in ("2", "3"):
+        monkeypatch.setenv("PEAGLE_VERIFY_SAMPLE_CTAS", ctas)
+        outs.append(run_op(case, "cuda"))
+    check_invariants(outs[0], case)
+    _assert_same(outs[0], outs[1])
