@@ -231,11 +231,14 @@ class Emu:
         self.nsplit = int(min(max(1, -(-8 * SMS // rows)), elems_cap))
         # verify_chain_heuristics::use_filter_groups / use_exact_bound: rows whose warps' chunks
         # hold < 512 vectors are streamed by row_filter; those with splits of >= 8192 logits take
-        # the exact k-th largest thread maximum as the top-k bound, the rest the per-warp one.
+        # the exact k-th largest thread maximum as the top-k bound, the rest the per-warp one
+        # (the 8192 scales with min_stats_elems, so that small vocabularies take both bounds).
         epv = 4 if self.dtype == torch.float32 else 8
         split_vecs = -(-(self.V // epv) // self.nsplit)
         chunk_vecs = -(-split_vecs // WARPS)
-        self.exact_bound = chunk_vecs < WARP * 16 and -(-self.V // self.nsplit) >= 8192
+        exact_elems = 2 * min_stats_elems
+        self.exact_bound = chunk_vecs < WARP * 16 and -(-self.V // self.nsplit) >= exact_elems
+        self.exact_bound_rows = 0  # top-k rows bounded by the exact k-th largest thread maximum
         self.tile_threads = tile_threads
         tiles = -(-self.V // (8 * tile_threads))
         # plan(): chunk sampling without top_k / top_p, draft_probs and exponentials tensors
@@ -421,6 +424,7 @@ class Emu:
             maxima = np.array([pt[0] for pt in per_thread], dtype=np.float32)
             if self.exact_bound:  # the top_k-th largest of all thread maxima
                 bound = np.sort(maxima)[::-1][int(self.top_k[r]) - 1]
+                self.exact_bound_rows += 1
             else:  # min over warps of each warp's ceil(k / 8)-th largest thread maximum
                 rank = -(-int(self.top_k[r]) // WARPS)
                 per_warp = [np.sort(maxima[w * WARP : (w + 1) * WARP])[::-1][rank - 1]
@@ -1143,7 +1147,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     gen = torch.Generator().manual_seed(1)
     n_cases = int(args[0]) if args else 40
-    total_rows = mismatches = twin_diffs = 0
+    total_rows = mismatches = twin_diffs = exact_rows = 0
     paths: dict[str, int] = {}
     sampling = {"chunk samples": 0, "excluded chunks subtracted": 0, "summed": 0,
                 "summed and picked": 0, "checked draws": 0,
@@ -1244,6 +1248,7 @@ def main() -> None:
         sampling["checked draws"] += emu.skip_checks
         sampling["rounding neighbours"] += emu.cdf_neighbours
         chunk_rel = max(chunk_rel, emu.chunk_max_rel)
+        exact_rows += emu.exact_bound_rows
         print(
             f"case {case_i:3d}: B={b} V={v} {str(dtype)[6:]:9s} scale={scale:<5} kw={sorted(kw)} "
             f"splits={emu.nsplit}/{emu.nsample} {'chunks' if emu.chunks else 'tiled'} "
@@ -1253,7 +1258,8 @@ def main() -> None:
     mode = "tiled path everywhere" if tiled else "chunk sampling where it applies"
     print(f"{mode}: {sampling}, chunk mass error <= {chunk_rel:.2g} of the row's mass")
     print(f"ok: {n_cases} cases, {total_rows} requests, {mismatches} near-tie differences, "
-          f"{twin_diffs} chunk/tiled differences, filter paths {paths}")  # fmt: skip
+          f"{twin_diffs} chunk/tiled differences, filter paths {paths}, "
+          f"{exact_rows} row splits with the exact top-k bound")  # fmt: skip
 
 
 if __name__ == "__main__":
