@@ -80,6 +80,14 @@ struct AttnCfg {
   static constexpr int kSmemBudget = (kMinBlocks == 2 ? 112 : 224) * 1024;
   static constexpr int kStagesFit = (kSmemBudget - kQBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit < 6 ? kStagesFit : 6;  // cp.async ring depth
+  // wgmma software pipeline: tile i's P V is issued with tile i + 1's Q K^T and runs during its
+  // softmax, so a V stage stays live one tile longer and the ring runs kStages - 2 tiles ahead
+  // instead of kStages - 1 -- only where the ring is deep enough for that (>= 4 stages).
+  static constexpr bool kPipe = kWgmma && kStages >= 4;
+  static constexpr int kAhead = kStages - 1 - (kPipe ? 1 : 0);  // K/V tiles in flight
+  // kPipe: Q K^T reads Q from shared memory (a descriptor), which frees the registers the
+  // pipeline's second accumulator set needs.
+  static constexpr bool kQSmem = kPipe;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kRowsPerPass = kThreads / kChunks;  // K/V rows copied per pass
   static constexpr int kKvPasses = kBlockN / kRowsPerPass;
@@ -142,6 +150,15 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[kBlockN / 8][4], const uint3
     wgmma_m64n64k16<T, 0>(s, a, desc, accumulate);
   } else {
     wgmma_m64n32k16<T, 0>(s, a, desc, accumulate);
+  }
+}
+template <typename T, int kBlockN>
+__device__ __forceinline__ void wgmma_qk_ss(float (&s)[kBlockN / 8][4], uint64_t desc_a,
+                                            uint64_t desc_b, int accumulate) {
+  if constexpr (kBlockN == 64) {
+    wgmma_m64n64k16_ss<T>(s, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64n32k16_ss<T>(s, desc_a, desc_b, accumulate);
   }
 }
 template <typename T, int D>
@@ -524,9 +541,10 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
       // first kStages - 1 K/V tiles; nblk carries the ids of the next tile to issue.
       int32_t nblk[kPasses];
       {
-        int32_t blk[kStages][kPasses];
+        constexpr int kAhead = Cfg::kAhead;
+        int32_t blk[kAhead + 1][kPasses];
 #pragma unroll
-        for (int st = 0; st < kStages; ++st) fetch_blocks(kt_begin + st, st < n_tiles, blk[st]);
+        for (int st = 0; st <= kAhead; ++st) fetch_blocks(kt_begin + st, st < n_tiles, blk[st]);
         // Q tile -> shared memory (rows past the tile are zero).
 #pragma unroll
         for (int it = 0; it < Cfg::kQPasses; ++it) {
@@ -543,19 +561,27 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           cp_async_16(s_q + tile_offset<kBlockM>(m, ch), src, ok);
         }
 #pragma unroll
-        for (int st = 0; st < kStages - 1; ++st) {
+        for (int st = 0; st < kAhead; ++st) {
           if (st < n_tiles) issue_kv(kt_begin + st, blk[st], st);
           cp_async_commit();  // group 0 also carries Q
         }
 #pragma unroll
-        for (int j = 0; j < kPasses; ++j) nblk[j] = blk[kStages - 1][j];
+        for (int j = 0; j < kPasses; ++j) nblk[j] = blk[kAhead][j];
       }
 
-      cp_async_wait<kStages - 2>();  // Q (and the first K/V tile) landed
+      cp_async_wait<Cfg::kAhead - 1>();  // Q (and the first K/V tile) landed
       __syncthreads();
-      uint32_t qa[kMT][D / 16][4];
+      if constexpr (Cfg::kQSmem) {
+        if (grid.q_sign != 0) {  // negative scale: flip Q's signs in place (rare)
+          for (int w = tid; w < Cfg::kQBytes / 4; w += Cfg::kThreads) {
+            reinterpret_cast<uint32_t*>(smem)[w] ^= grid.q_sign;
+          }
+          fence_proxy_async_smem();  // -> wgmma's async proxy (the loop's barrier follows)
+        }
+      }
+      uint32_t qa[Cfg::kQSmem ? 1 : kMT][Cfg::kQSmem ? 1 : D / 16][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
+      for (int mt = 0; mt < (Cfg::kQSmem ? 0 : kMT); ++mt) {
         if (!kWgmma && !mt_active[mt]) continue;  // wgmma: every warp feeds its (zero) rows
         const int q_row = (warp * kMT + mt) * 16 + (lane & 15);
 #pragma unroll
@@ -573,18 +599,40 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         for (int j = 0; j < kBlockN / 8; ++j)
           s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
       }
-      int read_stage = 0, write_stage = kStages - 1;
+      // kPipe: the previous tile's P (packed) and V stage, consumed by the next wgmma batch.
+      // Before the first tile they are 0 and a zeroed V tile (that of the last stage, first
+      // refilled at tile 1), so every tile issues the same wgmma batches: a P V issued only
+      // from tile 1 on (a divergent path) makes ptxas serialize every wgmma of the kernel.
+      uint32_t pa_prev[Cfg::kPipe ? kBlockN / 16 : 1][4];
+      uint32_t sv_prev = 0;
+      if constexpr (Cfg::kPipe) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          pa_prev[kk][0] = pa_prev[kk][1] = pa_prev[kk][2] = pa_prev[kk][3] = 0u;
+        sv_prev = s_kv + (kStages - 1) * Cfg::kStageBytes + Cfg::kKvTileBytes;
+        for (int c = tid; c < Cfg::kKvTileBytes / 16; c += Cfg::kThreads) {
+          st_shared_zero16(sv_prev + c * 16);
+        }
+        fence_proxy_async_smem();  // the zeros -> wgmma's async proxy (the loop's barrier follows)
+      }
+      int read_stage = 0, write_stage = Cfg::kAhead;
       for (int32_t it = 0; it < n_tiles; ++it) {
-        cp_async_wait<kStages - 2>();
+        cp_async_wait<Cfg::kAhead - 1>();
         if constexpr (kWgmma) fence_proxy_async_smem();  // landed K/V -> wgmma's async proxy
-        __syncthreads();  // tile `it` visible to all; stage (it - 1) % kStages free again
+        // Tile `it` visible to all; the stage of tile it - 1 (kPipe: it - 2) is free again.
+        __syncthreads();
         {
-          const int32_t nt = it + kStages - 1;
+          const int32_t nt = it + Cfg::kAhead;
           if (nt < n_tiles) issue_kv(kt_begin + nt, nblk, write_stage);
           cp_async_commit();
           fetch_blocks(kt_begin + nt + 1, nt + 1 < n_tiles, nblk);  // lands during this tile
           write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
         }
+        // Scratch for the rare bad-key gather: Q's tile (dead: Q is in registers), or with kQSmem
+        // the previous tile's K (consumed, and not refilled before the next tile).
+        const uint32_t s_scratch =
+            Cfg::kQSmem ? s_kv + (read_stage == 0 ? kStages - 1 : read_stage - 1) * Cfg::kStageBytes
+                        : s_q;
         const uint32_t sk = s_kv + read_stage * Cfg::kStageBytes;
         const uint32_t sv = sk + Cfg::kKvTileBytes;
         read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
@@ -621,8 +669,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
             if (my_bad != 0) fence_proxy_async_smem();  // scrubbed V -> wgmma's async proxy
           }
           if (__syncthreads_or(my_bad != 0)) {  // rare: gather the keys, poison the rows
-            // Q's shared-memory tile is dead here (Q lives in registers until the next tile).
-            auto* bad_keys = reinterpret_cast<unsigned long long*>(smem);
+            auto* bad_keys = reinterpret_cast<unsigned long long*>(smem + (s_scratch - s_q));
             if (tid == 0) *bad_keys = 0;
             __syncthreads();
             if (my_bad != 0) atomicOr(bad_keys, static_cast<unsigned long long>(my_bad));
@@ -643,15 +690,30 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         }
         if (!kWgmma && !warp_active) continue;
 
-        // S = Q K^T (raw scores).
+        // S = Q K^T (raw scores); kPipe: O += P V of the previous tile runs behind it, through
+        // this tile's softmax (tile 0: 0 x a zeroed V tile, which leaves O as it is).
         if constexpr (kWgmma) {
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
-            wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
+            if constexpr (Cfg::kQSmem) {  // this warpgroup's 64 rows of the Q tile
+              wgmma_qk_ss<T, kBlockN>(s[0], k_operand_desc<kBlockM>(s_q + (warp >> 2) * 8192, kk),
+                                      k_operand_desc<kBlockN>(sk, kk), kk > 0);
+            } else {
+              wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
+            }
           }
           wgmma_commit();
-          wgmma_wait<0>();
+          if constexpr (Cfg::kPipe) {
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk) {
+              wgmma_pv<T, D>(o[0], pa_prev[kk], v_operand_desc<kBlockN>(sv_prev, kk));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // S landed; P V may still run
+          } else {
+            wgmma_wait<0>();
+          }
           fence_operands(s[0]);
         } else {
 #pragma unroll
@@ -732,6 +794,10 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
             row_l[mt][half] = row_l[mt][half] * alpha[mt][half] + (sum0 + sum1);
           }
         }
+        if constexpr (Cfg::kPipe) {  // the previous tile's P V, before O is rescaled
+          wgmma_wait<0>();
+          fence_operands(o[0]);
+        }
         if (__any_sync(0xffffffffu, changed)) {
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
@@ -744,7 +810,17 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
         }
 
         // O += P V: P (bf16/fp16) comes straight from the S accumulators' register layout.
-        if constexpr (kWgmma) {
+        if constexpr (Cfg::kPipe) {  // issued with the next tile's S (or after the loop)
+#pragma unroll
+          for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const bool on = mt_active[0];
+            pa_prev[kk][0] = on ? Mma::pack(s[0][2 * kk][0], s[0][2 * kk][1]) : 0u;
+            pa_prev[kk][1] = on ? Mma::pack(s[0][2 * kk][2], s[0][2 * kk][3]) : 0u;
+            pa_prev[kk][2] = on ? Mma::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]) : 0u;
+            pa_prev[kk][3] = on ? Mma::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]) : 0u;
+          }
+          sv_prev = sv;
+        } else if constexpr (kWgmma) {
           uint32_t pa[kBlockN / 16][4];
 #pragma unroll
           for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -789,6 +865,16 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
             }
           }
         }
+      }
+      if constexpr (Cfg::kPipe) {  // the last tile's P V
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          wgmma_pv<T, D>(o[0], pa_prev[kk], v_operand_desc<kBlockN>(sv_prev, kk));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(o[0]);
       }
     }
 
@@ -1066,7 +1152,8 @@ cudaError_t launch_main(const PagedAttentionParams& p, const AttnGrid& g, int64_
 }
 
 // Calls fn.template run<kBlockM, kWgmma, kBlockN>() for the plan's instantiation. 32-key tiles
-// exist for head_dim 128 with 64-row query tiles only (choose_impl never asks for others).
+// exist for head_dim 128 with 64-row query tiles and for head_dim 64 with 128-row wgmma tiles
+// (choose_impl never asks for others).
 template <int D, typename Fn>
 auto dispatch_tile(const PagedAttentionPlan& plan, const Fn& fn) {
   const bool wg = plan.impl == kImplWgmma;
@@ -1074,6 +1161,8 @@ auto dispatch_tile(const PagedAttentionPlan& plan, const Fn& fn) {
     if (plan.block_n == 32 && plan.block_m == 64) {
       return wg ? fn.template run<64, true, 32>() : fn.template run<64, false, 32>();
     }
+  } else {
+    if (plan.block_n == 32 && plan.block_m == 128 && wg) return fn.template run<128, true, 32>();
   }
   if (plan.block_m == 64) {
     return wg ? fn.template run<64, true, 64>() : fn.template run<64, false, 64>();
@@ -1155,7 +1244,8 @@ cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan
 }
 
 // PEAGLE_ATTN_IMPL (benchmarks/tests): "mma" or "wgmma" forces the tensor-core path ("wgmma"
-// only where it exists: sm_90), a "n32" token selects 32-key KV tiles for head_dim 128; unset or
+// only where it exists: sm_90), a "n32" token selects 32-key KV tiles for head_dim 128 (and for
+// the head_dim 64 wgmma tile, an experiment); unset or
 // "auto": wgmma on sm_90 for GQA groups >= 4, else mma.sync; 64-key tiles.
 // Whether the loaded sm_90 binary has the wgmma kernels: a build for plain sm_90 (not sm_90a)
 // compiles them to a trap stub (PEAGLE_ATTN_HAS_WGMMA == 0), which needs a few dozen registers
@@ -1185,6 +1275,12 @@ void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPla
     plan.impl = kImplMma;
   }
   if (std::strstr(env, "n32") != nullptr && p.head_dim == 128 && plan.block_m == 64) {
+    plan.block_n = 32;
+  }
+  // Experiment (not measured): 32-key tiles for the 64/8 x 64 wgmma tile, whose 64-key
+  // instantiation spills at its 128-register cap.
+  if (std::strstr(env, "n32") != nullptr && p.head_dim == 64 && plan.block_m == 128 &&
+      plan.impl == kImplWgmma) {
     plan.block_n = 32;
   }
 }

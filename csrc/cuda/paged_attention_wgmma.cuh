@@ -142,6 +142,29 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
         PEAGLE_WGMMA_D4(12), PEAGLE_WGMMA_D4(13), PEAGLE_WGMMA_D4(14), PEAGLE_WGMMA_D4(15)     \
       : PEAGLE_WGMMA_AB_IN, "n"(kTransB))
 
+// The same with A from shared memory too (desc_a, K-major) and B K-major.
+#define PEAGLE_WGMMA_SS_IN "l"(desc_a), "l"(desc_b), "r"(scale_d)
+#define PEAGLE_WGMMA_M64N32K16_SS(AB)                                                  \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB                          \
+      " "                                                                              \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "       \
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"                                                  \
+      : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3) \
+      : PEAGLE_WGMMA_SS_IN)
+#define PEAGLE_WGMMA_M64N64K16_SS(AB)                                                   \
+  asm volatile(                                                                         \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                      \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB                           \
+      " "                                                                               \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "     \
+      "%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                             \
+      : PEAGLE_WGMMA_D4(0), PEAGLE_WGMMA_D4(1), PEAGLE_WGMMA_D4(2), PEAGLE_WGMMA_D4(3), \
+        PEAGLE_WGMMA_D4(4), PEAGLE_WGMMA_D4(5), PEAGLE_WGMMA_D4(6), PEAGLE_WGMMA_D4(7)  \
+      : PEAGLE_WGMMA_SS_IN)
+
 // Expands WGMMA("bf16") or WGMMA("f16") for T; traps where wgmma does not exist.
 #if PEAGLE_ATTN_HAS_WGMMA
 #define PEAGLE_WGMMA_FOR(T, WGMMA)                  \
@@ -152,6 +175,11 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
   }
 #else
 #define PEAGLE_WGMMA_FOR(T, WGMMA) (void)d, (void)a, (void)desc_b, (void)scale_d, __trap()
+#endif
+#if PEAGLE_ATTN_HAS_WGMMA
+#define PEAGLE_WGMMA_SS_FOR(T, WGMMA) PEAGLE_WGMMA_FOR(T, WGMMA)
+#else
+#define PEAGLE_WGMMA_SS_FOR(T, WGMMA) (void)d, (void)desc_a, (void)desc_b, (void)scale_d, __trap()
 #endif
 
 // D[64 x N] (+)= A[64 x 16] (registers) * B[16 x N] (shared-memory descriptor desc_b).
@@ -171,6 +199,22 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const uint32
   PEAGLE_WGMMA_FOR(T, PEAGLE_WGMMA_M64N128K16);
 }
 
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], both K-major in shared memory (descriptors).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a,
+                                                   uint64_t desc_b, int scale_d) {
+  PEAGLE_WGMMA_SS_FOR(T, PEAGLE_WGMMA_M64N32K16_SS);
+}
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a,
+                                                   uint64_t desc_b, int scale_d) {
+  PEAGLE_WGMMA_SS_FOR(T, PEAGLE_WGMMA_M64N64K16_SS);
+}
+
+#undef PEAGLE_WGMMA_SS_FOR
+#undef PEAGLE_WGMMA_M64N64K16_SS
+#undef PEAGLE_WGMMA_M64N32K16_SS
+#undef PEAGLE_WGMMA_SS_IN
 #undef PEAGLE_WGMMA_FOR
 #undef PEAGLE_WGMMA_M64N128K16
 #undef PEAGLE_WGMMA_M64N64K16
