@@ -24,7 +24,8 @@ from peagle.models import TargetRunner
 from peagle.ops import VerifyOutput
 from peagle.testing import make_batch
 
-CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]  # as tests/test_paged_attention.py
+# as tests/test_paged_attention.py
+CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32", "wgmma-m64", "wgmma-m128"]
 
 
 # =============================================================================================

@@ -22,9 +22,12 @@ import peagle
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 
 # CUDA kernel variants (PEAGLE_ATTN_IMPL, read at every launch): "auto" is the default choice
-# (wgmma on sm_90 for GQA groups >= 4, else mma.sync); the others force a tensor-core path and/or
-# 32-key KV tiles (head_dim 128, 64-row query tiles); "wgmma" falls back to mma.sync off sm_90.
-CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32"]
+# (wgmma on sm_90 for GQA groups >= 4, else mma.sync; 64-row query tiles for G <= 4, for G > 4
+# 128, or 64 on the wgmma path where automatic splits meet a block table of little KV; 64-key KV
+# tiles); the others force a tensor-core path, the query tile rows ("m64" / "m128") and/or 32-key
+# KV tiles (head_dim 128 with 64-row query tiles, head_dim 64 with 128-row wgmma tiles); "wgmma"
+# falls back to mma.sync off sm_90.
+CUDA_IMPLS = ["auto", "mma", "wgmma", "mma-n32", "wgmma-n32", "wgmma-m64", "wgmma-m128"]
 
 
 @pytest.fixture(params=CUDA_IMPLS)
@@ -642,6 +645,63 @@ def test_cuda_impls_agree(gen, heads, monkeypatch):
                 out.float(), base[0].float(), rtol=1.6e-2, atol=1.6e-2, msg=f"{name} ns={ns}"
             )
             torch.testing.assert_close(lse, base[1], rtol=0, atol=1e-4, msg=f"{name} ns={ns}")
+
+
+def _request_alone(pb: Problem, r: int, q_len: int) -> Problem:
+    """Request r of pb as a batch of its own (same caches and table row)."""
+    q0 = int(pb.query_start_loc[r])
+    i32 = {"dtype": torch.int32, "device": pb.query.device}
+    return Problem(pb.query[q0 : q0 + q_len], pb.key_cache, pb.value_cache,
+                   pb.block_table[r : r + 1], torch.tensor([0, q_len], **i32),
+                   pb.seq_lens[r : r + 1])  # fmt: skip
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [(64, 8, 64), (32, 8, 128)])
+def test_cuda_fixed_splits_result_independent_of_batch(gen, heads, monkeypatch):
+    # A fixed num_splits makes a request's bits independent of the rest of the batch (the op's
+    # contract), so the small-grid KV tile choice may apply under automatic splits only.
+    monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+    hq, hkv, d = heads
+    kv = [3000, 700, 4100, 40, 2048, 999, 1500, 3333]
+    pb = make_problem(gen, [14] * 8, kv, hq, hkv, d, 16, torch.bfloat16, "cuda")
+    for r in (0, 2):
+        alone = _request_alone(pb, r, 14)
+        for ns in (1, 4):
+            out_b, lse_b = run_op(pb, max_query_len=14, num_splits=ns)
+            out_1, lse_1 = run_op(alone, max_query_len=14, num_splits=ns)
+            rows = slice(14 * r, 14 * r + 14)
+            assert torch.equal(out_b[rows], out_1), f"r={r} ns={ns}"
+            assert torch.equal(lse_b[rows], lse_1), f"r={r} ns={ns}"
+
+
+@requires_cuda
+def test_cuda_short_kv_takes_64_row_query_tiles(gen, monkeypatch):
+    # Automatic splits over a block table of <= 1024 * SMs keys in all (B * Hkv * capacity) run
+    # the 64/8 x 64 wgmma kernel with 64-row query tiles, else 128-row ones: auto is bitwise the
+    # forced variant. The table's width decides, not seq_lens (host-known: no sync).
+    props = torch.cuda.get_device_properties(0)
+    if (props.major, props.minor) != (9, 0):
+        pytest.skip("the rule is for the sm_90 wgmma path")
+    cases = [(1, None, "wgmma-m64"), (16, None, "wgmma-m128"), (1, 9000, "wgmma-m128")]
+    for b, width, forced in cases:
+        pb = make_problem(gen, [14] * b, [4000] * b, 64, 8, 64, 16, torch.bfloat16, "cuda",
+                          max_blocks=width)  # fmt: skip
+        monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+        out_a, lse_a = run_op(pb, max_query_len=14)
+        check_against_reference(pb, out_a, lse_a)
+        monkeypatch.setenv("PEAGLE_ATTN_IMPL", forced)
+        out_f, lse_f = run_op(pb, max_query_len=14)
+        assert torch.equal(out_a, out_f), f"B={b} width={width}: auto != {forced}"
+        assert torch.equal(lse_a, lse_f), f"B={b} width={width}: auto != {forced}"
+    # A wider table is the same problem: the same answer (to rounding), whichever tile runs.
+    pb = make_problem(gen, [14], [4000], 64, 8, 64, 16, torch.bfloat16, "cuda", max_blocks=9000)
+    monkeypatch.delenv("PEAGLE_ATTN_IMPL", raising=False)
+    out_w, _ = run_op(pb, max_query_len=14)
+    narrow = Problem(pb.query, pb.key_cache, pb.value_cache, pb.block_table[:, :251],
+                     pb.query_start_loc, pb.seq_lens)  # fmt: skip
+    out_n, _ = run_op(narrow, max_query_len=14)
+    torch.testing.assert_close(out_w.float(), out_n.float(), rtol=0, atol=2e-2)
 
 
 @requires_cuda

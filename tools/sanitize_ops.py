@@ -167,10 +167,13 @@ def attention_cases() -> None:
         # split merge in clusters, two levels (B = 1 decode: 8-CTA clusters, last-arriver slices)
         ([14], [6000], 32, 8, 128, 16, torch.bfloat16, {}, {"max_query_len": 14}),
         ([14, 3], [5000, 40], 64, 8, 64, 16, torch.float16, {}, {"num_splits": 24}),
+        # B = 1, 64/8 x 64, automatic splits, short table: the 64-row query tiles (wgmma)
+        ([14], [6000], 64, 8, 64, 16, torch.bfloat16, {}, {"max_query_len": 14}),
     ]
     # Every kernel variant (PEAGLE_ATTN_IMPL, read per launch): the default on all cases, the
     # others on the cases their paths handle differently (GQA 4/8, head_dim 128, splits).
-    impls = os.environ.get("PEAGLE_SANITIZE_IMPLS", "auto,mma,wgmma,wgmma-n32,mma-n32").split(",")
+    default_impls = "auto,mma,wgmma,wgmma-n32,wgmma-m64,wgmma-m128,mma-n32"
+    impls = os.environ.get("PEAGLE_SANITIZE_IMPLS", default_impls).split(",")
     runs = [(impl, c) for impl in impls for c in (cases if impl == "auto" else cases[:2])]
     for impl, (q_lens, kv_lens, hq, hkv, d, bs, dtype, mk, kw) in runs:
         if impl == "auto":

@@ -29,8 +29,9 @@
 //   * wgmma m64nNk16 with A (Q, P) in registers and K/V read by the tensor cores from the
 //     128-byte-swizzled shared-memory tiles (sm_90a; one warpgroup per 64 packed rows).
 // PagedAttentionPlan::impl picks one from the device and the GQA group only (never from the
-// max_query_len hint), so a fixed num_splits stays bit-reproducible; PEAGLE_ATTN_IMPL overrides
-// it (see plan_paged_attention). No host sync; the grid depends only on host-known sizes, so the
+// max_query_len hint), so a fixed num_splits stays bit-reproducible (under automatic splits the
+// query tile rows also depend on the batch and the block table's width); PEAGLE_ATTN_IMPL
+// overrides both (see choose_impl). No host sync; the grid depends only on host-known sizes, so the
 // launches are CUDA-graph capturable.
 #include <cooperative_groups.h>
 
@@ -1244,9 +1245,11 @@ cudaError_t launch_typed(const PagedAttentionParams& p, const PagedAttentionPlan
 }
 
 // PEAGLE_ATTN_IMPL (benchmarks/tests): "mma" or "wgmma" forces the tensor-core path ("wgmma"
-// only where it exists: sm_90), a "n32" token selects 32-key KV tiles for head_dim 128 (and for
-// the head_dim 64 wgmma tile, an experiment); unset or
-// "auto": wgmma on sm_90 for GQA groups >= 4, else mma.sync; 64-key tiles.
+// only where it exists: sm_90); "m64" / "m128" force the query tile rows, "n32" 32-key KV tiles
+// (these three also turn the short-KV tile rule off); unset or "auto": wgmma on sm_90 for GQA
+// groups >= 4, else mma.sync; tile_rows(group) rows, 64 for groups > 4 on the wgmma path under
+// automatic splits where the block table holds little KV (heuristics::narrow_query_tiles);
+// 64-key KV tiles.
 // Whether the loaded sm_90 binary has the wgmma kernels: a build for plain sm_90 (not sm_90a)
 // compiles them to a trap stub (PEAGLE_ATTN_HAS_WGMMA == 0), which needs a few dozen registers
 // where the real kernels hold >= 64 fp32 accumulators per thread.
@@ -1264,25 +1267,35 @@ bool wgmma_compiled() {
 }
 
 void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPlan& plan) {
+  namespace h = paged_attention_heuristics;
   const char* env = std::getenv("PEAGLE_ATTN_IMPL");
   const bool has_wgmma = p.arch == 90 && wgmma_compiled();
-  plan.impl = paged_attention_heuristics::use_wgmma(has_wgmma, group) ? kImplWgmma : kImplMma;
+  plan.impl = h::use_wgmma(has_wgmma, group) ? kImplWgmma : kImplMma;
+  plan.block_m = h::tile_rows(group);
   plan.block_n = 64;
-  if (env == nullptr) return;
-  if (std::strstr(env, "wgmma") != nullptr) {
+  if (env != nullptr && std::strstr(env, "wgmma") != nullptr) {
     plan.impl = has_wgmma ? kImplWgmma : kImplMma;
-  } else if (std::strstr(env, "mma") != nullptr) {
+  } else if (env != nullptr && std::strstr(env, "mma") != nullptr) {
     plan.impl = kImplMma;
   }
-  if (std::strstr(env, "n32") != nullptr && p.head_dim == 128 && plan.block_m == 64) {
-    plan.block_n = 32;
+  const bool forced_tile =
+      env != nullptr && (std::strstr(env, "m64") != nullptr ||
+                         std::strstr(env, "m128") != nullptr || std::strstr(env, "n32") != nullptr);
+  if (!forced_tile && plan.impl == kImplWgmma && plan.block_m == 128) {
+    const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+    if (h::narrow_query_tiles(p.num_reqs, p.num_kv_heads, capacity,
+                              p.num_sms > 0 ? p.num_sms : kDefaultSmCount, p.num_splits == 0)) {
+      plan.block_m = 64;
+    }
   }
-  // Experiment (not measured): 32-key tiles for the 64/8 x 64 wgmma tile, whose 64-key
-  // instantiation spills at its 128-register cap.
-  if (std::strstr(env, "n32") != nullptr && p.head_dim == 64 && plan.block_m == 128 &&
-      plan.impl == kImplWgmma) {
-    plan.block_n = 32;
-  }
+  if (env == nullptr) return;
+  if (std::strstr(env, "m64") != nullptr) plan.block_m = 64;
+  if (std::strstr(env, "m128") != nullptr && group > 4) plan.block_m = 128;
+  // 32-key tiles where instantiated: head_dim 128 with 64-row tiles, head_dim 64 with 128-row
+  // wgmma tiles.
+  const bool has_n32 = (p.head_dim == 128 && plan.block_m == 64) ||
+                       (p.head_dim == 64 && plan.block_m == 128 && plan.impl == kImplWgmma);
+  if (std::strstr(env, "n32") != nullptr && has_n32) plan.block_n = 32;
 }
 
 // PEAGLE_ATTN_MERGE (benchmarks/tests, read at every call, so at graph capture): "cluster" selects
@@ -1328,7 +1341,6 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
   namespace h = paged_attention_heuristics;
   PagedAttentionPlan plan;
   const int64_t group = p.num_q_heads / p.num_kv_heads;
-  plan.block_m = h::tile_rows(group);
   choose_impl(p, group, plan);
   // The 1-D grid inert_ctas + B * Hkv * q_tile_ctas * max_splits must stay below 2^31 (the bind
   // checks B * Hkv * num_splits <= kGridLimit).

@@ -38,6 +38,24 @@ inline int32_t query_tile_ctas(int64_t group, int64_t rows_hint, int64_t block_m
   return static_cast<int32_t>(q_tiles < cap ? q_tiles : cap);
 }
 
+// Query tile rows for GQA groups > 4 on the wgmma path under automatic splits: 64 instead of
+// tile_rows' 128 where the batch's KV is short -- at most ~1k keys per SM, counted from the
+// block table's capacity (B * Hkv * max_blocks_per_seq * block_size <= 1024 * SMs: host-known,
+// an upper bound on the keys read). There the op is a latency chain (one or two KV tiles per
+// split), and two 64-row CTAs per KV head halve each CTA's row work (the second read of the
+// tile mostly from L2); with more KV the second read costs bandwidth and 128 rows win.
+// Fixed num_splits keep tile_rows (a request's bits never depend on the batch or the table).
+//   64/8 x 64, page 16: B = 1 up to kv 16k (131072 key-heads <= 135168 on 132 SMs), B = 2 and 4
+//   up to kv 4k, B = 8 up to kv 1k -> 64 rows; B = 2 kv 16k, B = 8 kv 4k -> 128.
+//   Measured (H200, docs/architecture.md): B = 1 kv 1k / 4k / 16k 13.0 -> 9.9, 16.6 -> 13.4,
+//   29.7 -> 27.5 us; B = 8 kv 1k 26.6 -> 24.9; past the bound 8-30 % slower (B = 2 kv 16k 43 ->
+//   47, B = 8 kv 4k 50 -> 53, B = 1 kv 64k 73 -> 83).
+inline bool narrow_query_tiles(int64_t num_reqs, int64_t num_kv_heads, int64_t kv_capacity,
+                               int64_t sms, bool automatic_splits) {
+  const int64_t heads = num_reqs * num_kv_heads;  // divided, not multiplied: no overflow
+  return automatic_splits && kv_capacity <= 1024 * sms / (heads > 0 ? heads : 1);
+}
+
 // Automatic KV splits (num_splits = 0): fill ONE wave of resident CTAs, splits = floor(SMs *
 // CTAs per SM / CTAs without splitting), clamped to [1, max_auto] and to the grid limit. The
 // device then shrinks a request's splits to its KV length (at least 2 KV tiles per split).
