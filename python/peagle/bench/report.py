@@ -167,6 +167,17 @@ def generate(results: Path, docs: Path) -> list[Path]:
         ab = json.loads((results / ab_name).read_text()) if ab_name else None
         lines += ["## paged_attention vs FlashInfer (q_len 14, page 16)", "", header(fi_attn), ""]
         lines += flashinfer_report.attention_section(fi_attn, ab)
+    # The same comparison on another card (a lease gives an H100 or an H200), where measured.
+    other = results / "attention-h100.json"
+    if other.exists():
+        d = json.loads(other.read_text())
+        lines += [
+            "## paged_attention vs FlashInfer on the H100 (q_len 14, page 16)",
+            "",
+            header(d),
+            "",
+        ]
+        lines += flashinfer_report.attention_section(d)
     if "kv" in fams:
         d = fams["kv"]
         lines += [
