@@ -222,6 +222,25 @@ def test_report_writes_tables_and_plots(tmp_path):
     assert "(e2e-speedup-vs-concurrency.png)" in md
 
 
+def test_report_adds_h100_attention_section(tmp_path):
+    # A FlashInfer comparison measured on an H100 (attention-h100.json) gets its own section, its
+    # tally counted from its own rows.
+    pytest.importorskip("matplotlib")
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    results.mkdir()
+    att = timing.Results(copy_ceiling_gbps=3000.0)
+    att.add("B1_q14_h64-8_d64_kv1024", "peagle", 9.8, 200.0)
+    att.add("B1_q14_h64-8_d64_kv1024", "flashinfer-xqa", 9.9, 198.0)
+    att.add("B1_q14_h32-8_d128_kv1024", "peagle", 11.2, 380.0)
+    att.add("B1_q14_h32-8_d128_kv1024", "flashinfer-decode-fa2", 10.4, 400.0)
+    att.write(results / "attention-h100.json")
+    report.generate(results, docs)
+    md = (docs / "results.md").read_text()
+    assert "## paged_attention vs FlashInfer on the H100" in md
+    assert "| B1_q14_h64-8_d64_kv1024 | xqa | 9.9 | 9.8 | 1.01x |" in md
+    assert "ahead of the best backend at 1 of 2 cases" in md
+
+
 def test_plots_skip_empty_results(tmp_path):
     pytest.importorskip("matplotlib")
     from peagle.bench import plots
