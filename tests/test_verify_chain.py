@@ -1858,12 +1858,14 @@ def _chunked_and_tiled(case: Case, monkeypatch) -> tuple[VerifyOutput, VerifyOut
 @requires_cuda
 @pytest.mark.parametrize(
     "vocab,b,reps",
-    [(201088, 1, 48), (201088, 64, 3), (151936, 8, 12), (32001, 256, 2), (4097, 3, 40),
-     (111, 16, 20), (7, 5, 30)],
+    [(201088, 1, 48), (201088, 64, 3), (201088, 160, 2), (151936, 8, 12), (32001, 256, 2),
+     (4097, 3, 40), (111, 16, 20), (7, 5, 30)],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("shift", [0, 3])
 def test_cuda_chunk_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeypatch):
+    # Chunk sizes: B=1 ~500 tokens (one 2048-token tile), B=64 ~8.4K (5 tiles: one register
+    # round), B=160 ~12.6K (7 tiles: two rounds).
     gen = torch.Generator().manual_seed(vocab + b + shift + int(dtype.itemsize))
     counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
     temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
@@ -1887,20 +1889,23 @@ def test_cuda_chunk_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeyp
 
 
 def _run_peak_extra(case):
-    """run_op on CUDA and the peak CUDA memory it allocated above what was allocated before it.
+    """run_op on CUDA and the peak CUDA memory it requested above what was requested before it.
 
-    Garbage is collected first and the collector held off meanwhile: a tensor of an earlier test
-    freed during the call would otherwise leave the peak at the level before the call (that made
-    the peak comparisons below flaky under pytest-xdist)."""
+    Requested bytes, not the caching allocator's allocated bytes: a request served by a cached
+    block too small to split is counted as the whole block, so two workspaces ~0.6 MB apart
+    could both count as the same cached 14 MB block when an earlier test in the worker left one
+    (test_cuda_kept_sampling_matches_tiled saw equal peaks under pytest-xdist). Garbage is
+    collected first and the collector held off meanwhile: a tensor of an earlier test freed during
+    the call would otherwise leave the peak at the level before the call."""
     gc.collect()
     gc.disable()
     try:
         torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
+        base = torch.cuda.memory_stats()["requested_bytes.all.current"]
         torch.cuda.reset_peak_memory_stats()
         out = run_op(case, "cuda")
         torch.cuda.synchronize()
-        return out, torch.cuda.max_memory_allocated() - base
+        return out, torch.cuda.memory_stats()["requested_bytes.all.peak"] - base
     finally:
         gc.enable()
 

@@ -100,11 +100,15 @@ def verify_chain_cases() -> None:
         dict(counts=[4] * 150, vocab=65537, temps=0.8, dtype=torch.bfloat16,
              top_k=[50, 0, 7] * 50, top_p=[0.9, 0.8, 1.0] * 50),
         # chunk sampling (no filter, no draft_probs): B = 1 at the bench shape, unaligned rows
-        # over 8 splits (every chunk boundary moves), a tiny vocabulary (empty chunks); then
+        # over 8 splits (every chunk boundary moves), a tiny vocabulary (empty chunks), chunks
+        # longer than one register round; then
         # the same cases through the tiled path.
         dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, scale=4.0, tiled=False),
         dict(counts=[5, 0, 7, 2], vocab=32001, temps=0.9, scale=4.0, shift=3, tiled=False),
         dict(counts=[3, 1], vocab=7, temps=1.0, dtype=torch.float16, shift=1, tiled=False),
+        # 560 rows: 2 splits, chunks of ~12.6K tokens (two register rounds of tiles).
+        dict(counts=[7] * 70, vocab=201088, temps=0.8, dtype=torch.bfloat16, scale=4.0,
+             tiled=False),
         dict(counts=[5, 0, 7, 2], vocab=32001, temps=0.9, scale=4.0, shift=3, tiled=True),
         dict(counts=[7], vocab=201088, temps=0.7, dtype=torch.bfloat16, tiled=True),
     ]  # fmt: skip

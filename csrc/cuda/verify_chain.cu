@@ -37,6 +37,8 @@ namespace {
 constexpr int kChunk = 32;                 // decide: rows evaluated at a time
 constexpr int kTileTokens = 8 * kThreads;  // sample: inverse-CDF tile, 8 tokens per thread
 constexpr int kTilesInFlight = 4;          // sample: tiles loaded together per CTA (level A)
+constexpr int kChunkRound = 5;             // chunk sampling: tiles held in registers per round
+                                           // (3 for fp32 logits: kRoundTiles)
 constexpr int kSampleCtasPerSm = 3;        // tiled decide_sample residency from 32 requests
 constexpr int kChunkCtasPerSm = 2;         // ... with chunk sampling
 constexpr int kFusedTilesInFlight = 2;     // fused_kernel's sampling items (64 registers)
@@ -80,6 +82,8 @@ struct SampleSmem {
   ArgMax warp_best[kWarps];
   int32_t owner_lo, owner_hi;
   int32_t last;
+  float round_part[kChunkRound][kWarps];  // chunk sampling: every warp's total per tile
+  int32_t first_lane[kWarps], last_lane[kWarps];
 };
 
 // ---- inputs of one request (before the wait)
@@ -568,7 +572,8 @@ __device__ void tile_masses(const SampleRow& sr, int64_t first, int64_t step, do
   }
 }
 
-// Narrows sr to chunk c (chunk_range) of its row.
+// Narrows sr to chunk c (chunk_range) of its row: tiles of kTileTokens from the chunk's first
+// token rounded down to a multiple of 8.
 template <LogitsDtype D>
 __device__ __forceinline__ void narrow_to_chunk(SampleRow& sr, const RowBody& b, int nsplit,
                                                 int32_t c) {
@@ -576,67 +581,237 @@ __device__ __forceinline__ void narrow_to_chunk(SampleRow& sr, const RowBody& b,
   sr.lo = cr.lo;
   sr.hi = cr.hi;
   sr.base = cr.lo & ~7;
-  sr.ntiles = 0;  // unused by the chunk path
+  sr.ntiles = sr.hi > sr.base ? (sr.hi - sr.base + kTileTokens - 1) / kTileTokens : 0;
 }
 
-// This thread's share of sr's [base, hi): 8-token groups, contiguous per thread, in thread order.
-struct Share {
-  int64_t v0, v1;
-};
+// The logits of 8 tokens as D's raw words (4 for 16-bit types, 8 for fp32): exact, the values
+// came from D (-inf included), so unpack_words<D> gives them back.
+template <LogitsDtype D>
+constexpr int kTokWords = D == LogitsDtype::kFloat32 ? 8 : 4;
 
-__device__ __forceinline__ Share chunk_share(const SampleRow& sr) {
-  const int64_t groups = sr.hi > sr.base ? (sr.hi - sr.base + 7) / 8 : 0;
-  const int64_t per = (groups + kThreads - 1) / kThreads;
-  const int64_t g0 = min(groups, per * threadIdx.x), g1 = min(groups, g0 + per);
-  return Share{sr.base + 8 * g0, sr.base + 8 * g1};
-}
-
-// Walks this thread's share in token order (4 groups of 8 loaded together), calling
-// f(v, w) for every token with its weight; stops early once f returns true.
-template <LogitsDtype D, typename F>
-__device__ __forceinline__ void walk_share(const SampleRow& sr, const Share& sh, F&& f) {
-  constexpr int kGroups = 4;
-  for (int64_t v = sh.v0; v < sh.v1; v += 8 * kGroups) {
-    float x[kGroups][8];
+template <LogitsDtype D>
+__device__ __forceinline__ void pack_words(const float x[8], uint32_t* w) {
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      if (v + 8 * i < sh.v1) load_tokens<D>(sr, v + 8 * i, x[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      if (v + 8 * i < sh.v1) {
-        float w[8];
-        weights_of(sr, v + 8 * i, x[i], w);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          if (f(v + 8 * i + k, w[k])) return;
-        }
-      }
+  for (int i = 0; i < kTokWords<D>; ++i) {
+    if constexpr (D == LogitsDtype::kFloat32) {
+      w[i] = __float_as_uint(x[i]);
+    } else if constexpr (D == LogitsDtype::kBFloat16) {
+      w[i] = (__float_as_uint(x[2 * i]) >> 16) | (__float_as_uint(x[2 * i + 1]) & 0xffff0000u);
+    } else {
+      w[i] = static_cast<uint32_t>(__half_as_ushort(__float2half_rn(x[2 * i]))) |
+             (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(x[2 * i + 1]))) << 16);
     }
   }
 }
 
-// The thread's running weight sum over its share (fp32, token order).
+// The 8 logits from v0 (a multiple of 8) as raw words (-inf past the vocabulary).
 template <LogitsDtype D>
-__device__ __forceinline__ float share_sum(const SampleRow& sr, const Share& sh) {
-  float run = 0.0f;
-  walk_share<D>(sr, sh, [&](int64_t, float w) {
-    run += w;
-    return false;
-  });
-  return run;
+__device__ __forceinline__ void load_words(const SampleRow& sr, int64_t v0, uint32_t* w) {
+  if (sr.aligned && v0 + 8 <= sr.vocab) {
+    const char* src = sr.rp + v0 * Elem<D>::kSize;
+    if constexpr (D == LogitsDtype::kFloat32) {
+      const uint4 a = ld_stream16(src), b = ld_stream16(src + 16);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+      w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {  // 8-byte alignment only (aligned: the row starts at a multiple of 4 elements)
+      const uint2 a = ld_stream8(src), b = ld_stream8(src + 8);
+      w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+    }
+  } else {
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      x[k] = v0 + k < sr.vocab ? load_scalar<D>(sr.rp, v0 + k) : -INFINITY;
+    pack_words<D>(x, w);
+  }
+}
+
+// One round of a chunk's tiles (thread i owns tokens [8i, 8i + 8) of each, as in cdf_pick), held
+// in registers: the logits (raw words: fewer registers than weights; the owner of the draw
+// recomputes its 8 weights), the thread's sum of its 8 weights (token order) and the inclusive
+// warp scan of those sums (fixed shuffle order).
+template <LogitsDtype D>
+constexpr int kRoundTiles = D == LogitsDtype::kFloat32 ? 3 : kChunkRound;
+
+template <LogitsDtype D>
+struct ChunkRound {
+  uint32_t words[kRoundTiles<D>][kTokWords<D>];
+  float own[kRoundTiles<D>];
+  float incl[kRoundTiles<D>];
+};
+
+// Loads tiles t0 .. t0 + kRoundTiles<D> - 1 of sr (all in flight together) into cr; every warp's
+// total per tile goes to ss.round_part (0 past the last tile). Whole CTA; ends with a barrier.
+// The caller separates two calls by a barrier (the totals are overwritten).
+template <LogitsDtype D>
+__device__ __forceinline__ void load_round(const SampleRow& sr, int64_t t0, ChunkRound<D>& cr,
+                                           SampleSmem& ss) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t lane_tok = sr.base + 8 * static_cast<int64_t>(threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < kRoundTiles<D>; ++i) {
+    if (t0 + i < sr.ntiles) load_words<D>(sr, lane_tok + (t0 + i) * kTileTokens, cr.words[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kRoundTiles<D>; ++i) {
+    float f = 0.0f;
+    if (t0 + i < sr.ntiles) {
+      float x[8], w[8];
+      unpack_words<D, kTokWords<D>>(cr.words[i], x);
+      weights_of(sr, lane_tok + (t0 + i) * kTileTokens, x, w);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f += w[k];
+    }
+    cr.own[i] = f;
+    float inc = f;
+#pragma unroll
+    for (int d = 1; d < kWarp; d <<= 1) {
+      const float n = __shfl_up_sync(0xffffffffu, inc, d);
+      if (lane >= d) inc += n;
+    }
+    cr.incl[i] = inc;
+    if (lane == kWarp - 1) ss.round_part[i][warp] = inc;
+  }
+  __syncthreads();
+}
+
+// Tile i's mass of the loaded round: the warps' totals in warp order (fp64).
+__device__ __forceinline__ double round_mass(const SampleSmem& ss, int i) {
+  double m = 0.0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m += static_cast<double>(ss.round_part[i][w]);
+  return m;
+}
+
+// Writes the token at target t (fp64, from the start of tile i of the loaded round, whose first
+// token is `tile_tok`): the lowest thread with weight whose prefix (its warp's offset + its
+// inclusive scan) passes t, then its first token whose running sum does; if no thread's prefix
+// passes t (t at or past the tile's mass: rounding, or t = +inf), the tile's last token with
+// weight; a thread whose running sums fall short of t by rounding takes its last token with
+// weight. Nothing is written if the tile has no weight. Whole CTA.
+template <LogitsDtype D>
+__device__ __forceinline__ void pick_in_tile(const VerifyChainParams& p, int32_t r,
+                                             const Decision& dec, const SampleRow& sr,
+                                             const ChunkRound<D>& cr, int i, int64_t tile_tok,
+                                             double t, SampleSmem& ss) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  uint32_t words[kTokWords<D>];
+  float own = 0.0f, incl = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRoundTiles<D>; ++j) {  // register arrays: no dynamic index
+    if (j == i) {
+#pragma unroll
+      for (int k = 0; k < kTokWords<D>; ++k) words[k] = cr.words[j][k];
+      own = cr.own[j];
+      incl = cr.incl[j];
+    }
+  }
+  double woff = 0.0;
+  for (int v = 0; v < warp; ++v) woff += static_cast<double>(ss.round_part[i][v]);
+  const float prev = __shfl_up_sync(0xffffffffu, incl, 1);
+  const double excl = woff + static_cast<double>(lane == 0 ? 0.0f : prev);
+  const unsigned cross =
+      __ballot_sync(0xffffffffu, own > 0.0f && woff + static_cast<double>(incl) > t);
+  const unsigned any = __ballot_sync(0xffffffffu, own > 0.0f);
+  if (lane == 0) {
+    ss.first_lane[warp] = cross ? __ffs(static_cast<int>(cross)) - 1 : -1;
+    ss.last_lane[warp] = any ? kWarp - 1 - __clz(static_cast<int>(any)) : -1;
+  }
+  __syncthreads();
+  int32_t o = -1, hi = -1;
+#pragma unroll
+  for (int v = 0; v < kWarps; ++v) {
+    if (o < 0 && ss.first_lane[v] >= 0) o = v * kWarp + ss.first_lane[v];
+    if (ss.last_lane[v] >= 0) hi = v * kWarp + ss.last_lane[v];
+  }
+  const bool found = o >= 0;
+  if (static_cast<int32_t>(threadIdx.x) == (found ? o : hi)) {
+    const int64_t v0 = tile_tok + 8 * static_cast<int64_t>(threadIdx.x);
+    float x[8], w[8];
+    unpack_words<D, kTokWords<D>>(words, x);
+    weights_of(sr, v0, x, w);
+    float part = 0.0f;
+    int tok = -1, last = -1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      part += w[k];
+      if (w[k] > 0.0f) {
+        last = k;
+        if (found && tok < 0 && excl + static_cast<double>(part) > t) tok = k;
+      }
+    }
+    write_sampled(p, r, dec, static_cast<int32_t>(v0 + (tok >= 0 ? tok : last)));
+  }
+}
+
+// The mass of chunk sr: its tile masses (load_round, round_mass) summed in tile order, the same
+// fp64 sums chunk_pick accumulates. Whole CTA; ends with a barrier.
+template <LogitsDtype D>
+__device__ double chunk_mass(const SampleRow& sr, SampleSmem& ss) {
+  double acc = 0.0;
+  ChunkRound<D> cr;
+  for (int64_t t0 = 0; t0 < sr.ntiles; t0 += kRoundTiles<D>) {
+    if (t0 > 0) __syncthreads();
+    load_round<D>(sr, t0, cr, ss);
+#pragma unroll
+    for (int i = 0; i < kRoundTiles<D>; ++i) acc += round_mass(ss, i);
+  }
+  __syncthreads();
+  return acc;
+}
+
+// Level 2 of chunk sampling: writes the token at target t (fp64, from the chunk's start) in chunk
+// sr. Round by round (kRoundTiles<D> tiles each, usually one round): the tile holding t from the
+// tile masses, then the token from the registers (pick_in_tile) -- one read of the chunk. If t
+// is at or past the chunk's mass (level 1's fp32 masses vs these sums, or t = +inf), the
+// chunk's last token with weight; with no weight at all, the row's first maximum. Whole CTA.
+template <LogitsDtype D>
+__device__ void chunk_pick(const VerifyChainParams& p, int32_t r, const Decision& dec,
+                           const SampleRow& sr, double t, SampleSmem& ss) {
+  double acc = 0.0;
+  int64_t last_tile = -1;
+  ChunkRound<D> cr;
+  for (int64_t t0 = 0; t0 < sr.ntiles; t0 += kRoundTiles<D>) {
+    if (t0 > 0) __syncthreads();
+    load_round<D>(sr, t0, cr, ss);
+    int hit = -1;
+    double before = 0.0;
+#pragma unroll
+    for (int i = 0; i < kRoundTiles<D>; ++i) {
+      const double m = round_mass(ss, i);
+      if (m > 0.0) {
+        last_tile = t0 + i;
+        if (hit < 0 && acc + m > t) {
+          hit = i;
+          before = acc;
+        }
+      }
+      if (hit < 0) acc += m;
+    }
+    if (hit >= 0) {
+      pick_in_tile<D>(p, r, dec, sr, cr, hit, sr.base + (t0 + hit) * kTileTokens, t - before, ss);
+      return;
+    }
+  }
+  if (last_tile < 0) {  // cannot happen (see sample_chunked); a valid token regardless
+    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
+    return;
+  }
+  __syncthreads();
+  load_round<D>(sr, last_tile, cr, ss);
+  pick_in_tile<D>(p, r, dec, sr, cr, 0, sr.base + last_tile * kTileTokens, INFINITY, ss);
 }
 
 // Chunk sampling (one CTA per request). Level 1: the draw's chunk from row_stats' chunk masses
 // z_c * e^(m_c - m) (the same FFMA + EX2 as the token weights); the chunk of an excluded draft x
 // loses x's weight: subtracted when that keeps at least half the chunk's mass (no
-// cancellation), else the chunk is summed here without x. Level 2: inside the chunk, every
-// thread sums a contiguous share, a block scan finds the share holding the target and its
-// thread walks it again to the token. Reads one chunk of the row (two when x dominates its
-// chunk) instead of all of it. Level 1's masses and level 2's sums differ by float rounding
-// only, which can move a draw at a chunk boundary to a neighbouring token with weight (the
-// fallback takes the chunk's last token with weight). A chunk with mass has a token with
-// weight: its maximum's weight is the factor e^(m_c - m) itself. Whole CTA.
+// cancellation), else the chunk's mass without x is summed here (chunk_mass). Level 2
+// (chunk_pick): the tile and then the token inside the chunk from one read of it, held in
+// registers. Reads one chunk of the row (two when x dominates its chunk) instead of all of it.
+// Level 1's masses and level 2's sums differ by float rounding only, which can move a draw at a
+// chunk boundary to a neighbouring token with weight (the fallback takes the chunk's last token
+// with weight). A chunk with mass has a token with weight: its maximum's weight is the factor
+// e^(m_c - m) itself. Whole CTA.
 template <LogitsDtype D>
 __device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, int32_t r,
                                const ReqSmem& rs, const Decision& dec, SampleRow sr,
@@ -652,10 +827,6 @@ __device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, 
   const SampleRow row = sr;
   int32_t cx = -1;
   double wx = 0.0;
-  bool summed = false;  // chunk cx summed here: its scan results are reused below
-  Share sh{0, 0};
-  float run = 0.0f;
-  double excl = 0.0, total = 0.0;
   if (dec.exclude >= 0 && dec.exclude < sr.vocab) {
     if (threadIdx.x == 0) ss.chunk = -1;
     __syncthreads();
@@ -671,11 +842,7 @@ __device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, 
       wx = static_cast<double>(est - ex);
     } else {
       narrow_to_chunk<D>(sr, b, ws.nsplit, cx);
-      sh = chunk_share(sr);
-      run = share_sum<D>(sr, sh);
-      block_excl_scan(static_cast<double>(run), excl, total, ss);
-      wx = total;
-      summed = true;
+      wx = chunk_mass<D>(sr, ss);
     }
   }
   const bool any = pick_mass(
@@ -691,36 +858,9 @@ __device__ void sample_chunked(const VerifyChainParams& p, const Workspace& ws, 
     if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
     return;
   }
-  if (!(summed && c == cx)) {
-    sr = row;
-    narrow_to_chunk<D>(sr, b, ws.nsplit, c);
-    sh = chunk_share(sr);
-    run = share_sum<D>(sr, sh);
-    block_excl_scan(static_cast<double>(run), excl, total, ss);
-  }
-  if (!(total > 0.0)) {  // cannot happen (see above); a valid token regardless
-    if (threadIdx.x == 0) write_sampled(p, r, dec, dec.first_max);
-    return;
-  }
-  const int32_t o =
-      pick_owner(run > 0.0f && excl + static_cast<double>(run) > t_rem, run > 0.0f, ss);
-  if (static_cast<int32_t>(threadIdx.x) == o) {
-    // First token whose running sum passes the target, else the share's last token with weight.
-    float part = 0.0f;
-    int64_t tok = -1, last_tok = -1;
-    walk_share<D>(sr, sh, [&](int64_t v, float w) {
-      part += w;
-      if (w > 0.0f) {
-        last_tok = v;
-        if (excl + static_cast<double>(part) > t_rem) {
-          tok = v;
-          return true;
-        }
-      }
-      return false;
-    });
-    write_sampled(p, r, dec, static_cast<int32_t>(tok >= 0 ? tok : last_tok));
-  }
+  sr = row;
+  narrow_to_chunk<D>(sr, b, ws.nsplit, c);
+  chunk_pick<D>(p, r, dec, sr, t_rem, ss);
 }
 
 // Kept sampling (group path, argmax drafts): the token at u * W over the sampled row's kept set,
