@@ -295,6 +295,30 @@ def test_greedy_ties_take_first_index(device):
     assert got.num_accepted.tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_argmax_ties_inside_a_vector_take_first_index(device, dtype):
+    """First-index argmax where the maximum repeats inside one 16-byte load and again later, with
+    a NaN just before it, and where it is a signed zero (-0 then +0, +0 then -0): greedy
+    corrections and a random row's first +inf, at a vocabulary the CUDA kernels split over CTAs
+    (guards any rewrite of row_stats' running argmax, e.g. a per-load maximum first)."""
+    v = 4100
+    gen = torch.Generator().manual_seed(41)
+    case = make_case([1, 1, 1, 1], v, gen, temps=[0.0, 0.0, 0.0, 0.8], dtype=dtype)
+    logits = -(torch.rand(8, v, generator=gen) + 1.0)  # rows 2r: draft rows, 2r + 1: bonus rows
+    logits[0, 1000] = float("nan")
+    logits[0, [1001, 1003, 1006, 3001]] = 3.0
+    logits[2, 2049], logits[2, 2050] = -0.0, 0.0
+    logits[4, 2049], logits[4, 2050] = 0.0, -0.0
+    logits[6, 1200] = float("nan")
+    logits[6, [1201, 1202, 3500]] = math.inf
+    case["target_logits"] = logits.to(dtype)
+    case["draft_token_ids"] = torch.zeros(4, dtype=torch.int32)  # never the argmax: rejected
+    got = run_op(case, device)
+    assert got.output_token_ids.tolist() == [[1001, -1], [2049, -1], [2049, -1], [1201, -1]]
+    assert got.num_accepted.tolist() == [0, 0, 0, 0]
+    assert_matches(got, reference(case), case)
+
+
 def test_greedy_is_never_scaled_and_ignores_top_k_top_p(device):
     """Greedy rows (temperature 0) with top-k=1 / top-p tiny: same as plain argmax (A1)."""
     gen = torch.Generator().manual_seed(2)
