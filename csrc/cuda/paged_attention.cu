@@ -1288,6 +1288,14 @@ void choose_impl(const PagedAttentionParams& p, int64_t group, PagedAttentionPla
       plan.block_m = 64;
     }
   }
+  if (!forced_tile && plan.impl == kImplWgmma && plan.block_m == 64 && p.head_dim == 128) {
+    const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+    if (h::single_cta_splits(p.num_reqs, p.num_kv_heads, capacity,
+                             p.num_sms > 0 ? p.num_sms : kDefaultSmCount, p.num_splits == 0)) {
+      plan.block_n = 32;
+      plan.one_cta_per_sm = true;
+    }
+  }
   if (env == nullptr) return;
   if (std::strstr(env, "m64") != nullptr) plan.block_m = 64;
   if (std::strstr(env, "m128") != nullptr && group > 4) plan.block_m = 128;
@@ -1353,7 +1361,7 @@ PagedAttentionPlan plan_paged_attention(const PagedAttentionParams& p) {
   if (p.num_splits > 0) {
     plan.max_splits = p.num_splits;
   } else {
-    const int per_sm = dispatch_typed<OccupancyFn>(p, plan);
+    const int per_sm = plan.one_cta_per_sm ? 1 : dispatch_typed<OccupancyFn>(p, plan);
     plan.max_splits = h::auto_splits(p.num_sms > 0 ? p.num_sms : kDefaultSmCount, per_sm, base,
                                      kGridLimit / (reqs_heads * plan.q_tile_ctas), kMaxAutoSplits);
   }

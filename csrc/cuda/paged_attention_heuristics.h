@@ -56,6 +56,21 @@ inline bool narrow_query_tiles(int64_t num_reqs, int64_t num_kv_heads, int64_t k
   return automatic_splits && kv_capacity <= 1024 * sms / (heads > 0 ? heads : 1);
 }
 
+// Few (request, KV head) pairs over short KV under automatic splits, on the wgmma path with
+// 64-row query tiles and head_dim 128 (the 32/8 x 128 layout at B = 1): 32-key KV tiles and ONE
+// CTA per SM (auto_splits with 1 CTA per SM) instead of 64-key tiles at two per SM. There the op
+// is a latency chain of a few KV tiles per split; a CTA alone on its SM and 32-key tiles shorten
+// it. Applies where B * Hkv * 16 <= SMs (at least 16 splits per pair) and the block table holds
+// at most ~1k keys per SM in all (as narrow_query_tiles).
+//   132 SMs, 8 KV heads: B = 1 up to kv 16k (16 splits); B = 2 or a table wider than 16.9k keys
+//   -> the default. Measured (H100, three runs, docs/architecture.md): kv 1k 11.2-11.3 -> 10.5-10.9
+//   us, kv 4k 17.1-17.7 -> 16.7-17.1, kv 16k unchanged (38.5-39.6).
+inline bool single_cta_splits(int64_t num_reqs, int64_t num_kv_heads, int64_t kv_capacity,
+                              int64_t sms, bool automatic_splits) {
+  const int64_t heads = num_reqs * num_kv_heads;
+  return automatic_splits && heads > 0 && heads * 16 <= sms && kv_capacity <= 1024 * sms / heads;
+}
+
 // Automatic KV splits (num_splits = 0): fill ONE wave of resident CTAs, splits = floor(SMs *
 // CTAs per SM / CTAs without splitting), clamped to [1, max_auto] and to the grid limit. The
 // device then shrinks a request's splits to its KV length (at least 2 KV tiles per split).

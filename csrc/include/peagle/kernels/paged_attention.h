@@ -124,11 +124,12 @@ namespace peagle {
 // so it is CUDA-graph safe. The kernel variant (impl, block_m, block_n) never depends on the
 // max_query_len hint, so a fixed num_splits gives bit-identical results for any hint.
 struct PagedAttentionPlan {
-  int32_t block_m = 0;      // packed (query row x head) rows per CTA tile
-  int32_t block_n = 64;     // keys per KV tile
-  int32_t impl = 0;         // tensor-core path: 0 mma.sync (portable), 1 wgmma (sm_90a)
-  int32_t q_tile_ctas = 0;  // CTAs along the packed-row axis per (request, KV head)
-  int32_t max_splits = 1;   // KV splits per (request, KV head, q tile) at most
+  int32_t block_m = 0;          // packed (query row x head) rows per CTA tile
+  int32_t block_n = 64;         // keys per KV tile
+  int32_t impl = 0;             // tensor-core path: 0 mma.sync (portable), 1 wgmma (sm_90a)
+  int32_t q_tile_ctas = 0;      // CTAs along the packed-row axis per (request, KV head)
+  int32_t max_splits = 1;       // KV splits per (request, KV head, q tile) at most
+  bool one_cta_per_sm = false;  // automatic splits sized for one CTA per SM (single_cta_splits)
   // Split merge. cluster == 1: splits write fp32 partials (ws_partials = max_splits slots) and a
   // merge kernel combines them. cluster > 1 (sm_90+): the splits of a tile run as thread-block
   // clusters of `cluster` CTAs (cluster_count per tile, cluster * cluster_count >= max_splits)
