@@ -1912,6 +1912,36 @@ def test_cuda_chunk_sampling_matches_tiled(vocab, b, reps, dtype, shift, monkeyp
     assert differ <= max(1, int(0.001 * sampled)), (differ, sampled)
 
 
+@requires_cuda
+@pytest.mark.parametrize("vocab,b", [(201088, 64), (32001, 8), (4097, 3)])
+@pytest.mark.parametrize("splits", ["1", "5", "8"])
+def test_cuda_stats_splits_override(vocab, b, splits, monkeypatch):
+    """PEAGLE_VERIFY_STATS_SPLITS (a sweep knob) changes how a row's statistics are split and
+    hence chunk sampling's chunks: greedy requests keep their bits, decisions agree, and sampled
+    tokens agree except where rounding moves a draw across a chunk boundary (as between chunk
+    and tiled sampling)."""
+    gen = torch.Generator().manual_seed(vocab + b + int(splits))
+    counts = [int(x) for x in torch.randint(0, 8, (b,), generator=gen)]
+    temps = [float(x) for x in torch.rand(b, generator=gen) * 1.5 + 0.2]
+    temps[0] = 0.0
+    case = make_case(counts, vocab, gen, temps=temps, dtype=torch.bfloat16, scale=4.0, p_follow=0.9)
+    monkeypatch.setenv("PEAGLE_VERIFY_CHUNKS", "1")
+    sampled = differ = 0
+    for rep in range(3):
+        case["offsets"] = torch.arange(b, dtype=torch.int64) * 5 + 1000 * rep
+        monkeypatch.delenv("PEAGLE_VERIFY_STATS_SPLITS", raising=False)
+        base = run_op(case, "cuda")
+        monkeypatch.setenv("PEAGLE_VERIFY_STATS_SPLITS", splits)
+        got = run_op(case, "cuda")
+        check_invariants(got, case)
+        assert torch.equal(got.num_accepted, base.num_accepted)
+        assert torch.equal(got.output_token_ids[0], base.output_token_ids[0])  # greedy
+        same = (got.output_token_ids == base.output_token_ids).all(dim=1)
+        sampled += sum(1 for t in temps if t > 0)
+        differ += int((~same).sum())
+    assert differ <= max(1, int(0.001 * sampled)), (differ, sampled)
+
+
 def _run_peak_extra(case):
     """run_op on CUDA and the peak CUDA memory it requested above what was requested before it.
 

@@ -1319,6 +1319,23 @@ inline int32_t sample_ctas_per_sm(int64_t reqs) {
   return verify_chain_heuristics::sample_ctas_per_sm(reqs);
 }
 
+// row_stats / row_filter CTAs per logits row (verify_chain_heuristics::stats_splits);
+// PEAGLE_VERIFY_STATS_SPLITS=N (read at every call) forces N, within the same cap of one split
+// per kMinStatsElems logits (sweeps: chunk sampling's chunks are the splits' warps, so N also
+// sizes them). Greedy results never depend on it; random ones only through float rounding.
+inline int32_t stats_splits_chosen(int64_t sms, int64_t rows, int64_t vocab) {
+  namespace h = verify_chain_heuristics;
+  const char* v = std::getenv("PEAGLE_VERIFY_STATS_SPLITS");
+  if (v != nullptr) {
+    const long n = std::strtol(v, nullptr, 10);
+    if (n >= 1 && n <= 1024) {
+      return static_cast<int32_t>(
+          h::clamp_splits(n, (vocab + kMinStatsElems - 1) / kMinStatsElems));
+    }
+  }
+  return h::stats_splits(sms, rows, vocab, kMinStatsElems);
+}
+
 template <LogitsDtype D>
 int32_t fused_ctas_per_sm() {
   static const int32_t n = [] {
@@ -1344,7 +1361,7 @@ Layout plan(const VerifyChainParams& p) {
   const int64_t sms = sm_count();
   const int64_t rows = p.num_rows > 0 ? p.num_rows : 1;
   const int64_t reqs = p.num_reqs > 0 ? p.num_reqs : 1;
-  l.nsplit = h::stats_splits(sms, rows, p.vocab_size, kMinStatsElems);
+  l.nsplit = stats_splits_chosen(sms, rows, p.vocab_size);
   l.tiles = (static_cast<int64_t>(p.vocab_size) + kTileTokens - 1) / kTileTokens;
   l.filter = p.top_k != nullptr || p.top_p != nullptr;
   l.chunks = !l.filter && p.draft_probs == nullptr && p.exponentials == nullptr &&
