@@ -10,6 +10,9 @@
 // (<cutlass>/include: e.g. the nvidia-cutlass wheel's cutlass_library/source/include.) On the host
 // CuTe cannot translate a shared-memory pointer, so its descriptors carry start address 0 and
 // the check compares start offsets through the addresses of the slices' first elements instead.
+// The kernel forms a descriptor from the tile's start >> 4 plus a constant (wgmma_desc_at);
+// moved_tiles checks that against the descriptor built field by field from the summed address
+// (masked, shifted, or-ed) for every 1024-byte-aligned tile in the 228 KB shared-memory window.
 #include <cstdint>
 #include <cstdio>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -85,12 +88,43 @@ int check_v_tile() {
   return report("V (MN-major)", kRows, D, bad);
 }
 
+// The PTX ISA descriptor of a 128-byte-swizzle operand at shared-memory byte address `addr`,
+// field by field, written independently of the kernel's header.
+uint64_t desc_by_fields(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
+         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t{1} << 62);
+}
+
+// Every k16 step of a [kRows, D] tile at every 1024-byte-aligned base below 228 KB (the kernel's
+// K/V stages and Q tiles; the Q tile's second warpgroup starts 8 KB in): the kernel's descriptor
+// equals the field-by-field one of the summed address, for K-major (K and Q) and MN-major (V).
+template <int kRows, int D>
+int check_moved_tiles() {
+  int bad = 0;
+  for (uint32_t base = 0; base < 228u * 1024u; base += 1024u) {
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t k_addr = base + (kk >> 2) * (kRows * 128) + (kk & 3) * 32;
+      bad += peagle::attn::k_operand_desc<kRows>(base, kk) != desc_by_fields(k_addr, 16, 1024);
+    }
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      bad += peagle::attn::v_operand_desc<kRows>(base, kk) !=
+             desc_by_fields(base + kk * 16 * 128, kRows * 128, 1024);
+    }
+  }
+  return report("K/Q and V descriptors at every base", kRows, D, bad);
+}
+
 }  // namespace
 
 int main() {
   // Every (kBlockN, head_dim) the kernel instantiates.
+  // Q tiles (A operand, K-major): [kBlockM = 64 / 128 rows, D].
   const int bad = check_k_tile<64, 64>() + check_k_tile<64, 128>() + check_k_tile<32, 128>() +
-                  check_v_tile<64, 64>() + check_v_tile<64, 128>() + check_v_tile<32, 128>();
+                  check_k_tile<128, 64>() + check_k_tile<128, 128>() + check_v_tile<64, 64>() +
+                  check_v_tile<64, 128>() + check_v_tile<32, 128>() + check_moved_tiles<32, 128>() +
+                  check_moved_tiles<64, 64>() + check_moved_tiles<64, 128>() +
+                  check_moved_tiles<128, 64>() + check_moved_tiles<128, 128>();
   std::printf("%s\n", bad ? "FAILED" : "all descriptors match CuTe");
   return bad ? 1 : 0;
 }
