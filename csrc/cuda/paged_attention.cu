@@ -433,6 +433,10 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
     if ((s_q & 1023u) != 0) __trap();  // the 128-byte swizzle needs 1024-byte aligned tiles
   }
   const uint32_t s_kv = s_q + Cfg::kQBytes;  // stage s: K at + s * kStageBytes, V after it
+  // kQSmem: this warpgroup's 64 rows of the Q tile (64 rows x 128 B per panel). The shuffle makes
+  // the warpgroup index visibly warp-uniform, so ptxas keeps the Q descriptors in uniform
+  // registers (as CUTLASS's canonical_warp_group_idx) instead of moving each one there per tile.
+  const uint32_t s_q_wg = s_q + __shfl_sync(0xffffffffu, warp >> 2, 0) * 8192u;
   const T* q_base = static_cast<const T*>(p.query);
   // K/V copy assignment: this thread moves 16-byte chunk kv_chunk of rows kv_row0 + j * step.
   // Cache strides fit in int32 (checked by the bind); block offsets are formed in 64 bits.
@@ -698,7 +702,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
             if constexpr (Cfg::kQSmem) {  // this warpgroup's 64 rows of the Q tile
-              wgmma_qk_ss<T, kBlockN>(s[0], k_operand_desc<kBlockM>(s_q + (warp >> 2) * 8192, kk),
+              wgmma_qk_ss<T, kBlockN>(s[0], k_operand_desc<kBlockM>(s_q_wg, kk),
                                       k_operand_desc<kBlockN>(sk, kk), kk > 0);
             } else {
               wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
