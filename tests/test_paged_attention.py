@@ -83,9 +83,10 @@ def make_problem(
     poison_stale: bool = True,
 ) -> Problem:
     """Random paged problem. ``layout``: "plain" (contiguous caches), "split2" (halves of a
-    ``[2, num_blocks, ...]`` tensor), "interleaved" (``[num_blocks, 2, ...]``) or "padded"
-    (``D`` sliced out of ``D + 8``). ``table_fill``: what the unused block-table columns hold
-    ("garbage" = huge/negative ids, "minus1")."""
+    ``[2, num_blocks, ...]`` tensor), "interleaved" (``[num_blocks, 2, ...]``), "padded"
+    (``D`` sliced out of ``D + 8``) or "head_major" (``[num_blocks, Hkv, block_size, D]``
+    permuted: slots ``D`` apart, heads a block's worth). ``table_fill``: what the unused
+    block-table columns hold ("garbage" = huge/negative ids, "minus1")."""
     b = len(q_lens)
     needed = [-(-kv // block_size) for kv in kv_lens]
     width = max_blocks if max_blocks is not None else max(needed + [0]) + extra_cols
@@ -118,6 +119,10 @@ def make_problem(
         padded = (num_blocks, block_size, hkv, d + 8)
         bases = [torch.randn(padded, generator=gen), torch.randn(padded, generator=gen)]
         views = lambda x: (x[0][..., :d], x[1][..., :d])
+    elif layout == "head_major":
+        hnd = (num_blocks, hkv, block_size, d)
+        bases = [torch.randn(hnd, generator=gen), torch.randn(hnd, generator=gen)]
+        views = lambda x: (x[0].permute(0, 2, 1, 3), x[1].permute(0, 2, 1, 3))
     else:
         raise ValueError(layout)
     kc, vc = views(bases)
@@ -220,6 +225,8 @@ SHAPES = [
     (64, 8, 64, 16, "padded"),
     (64, 8, 128, 16, "plain"),  # CUDA: 128-row tiles of 8 warps
     (32, 2, 64, 8, "split2"),  # GQA 16: a 14-row request spans two 128-row tiles
+    (32, 8, 128, 32, "head_major"),  # slot stride != Hkv * D on the wgmma paths
+    (64, 8, 64, 16, "head_major"),
 ]
 
 
