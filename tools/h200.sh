@@ -37,6 +37,10 @@
 #                           `peagle bench ops` for verify attention (default) with the FlashInfer
 #                           rows, JIT off; FI_BENCH_ARGS adds arguments (e.g. --no-flex); logs in
 #                           $OUT/logs.tgz
+#   bits OLD_SRC [--quick]  bitwise old == new of paged_attention for a change meant to keep the
+#                           bits: builds OLD_SRC (as ab) and the current tree side by side, then
+#                           tools/bitwise_attention.py dump under each and compare (exit 1 and
+#                           DIFF lines where a fingerprint differs); $OUT/bits-{old,new}.json
 #   abverify OLD_SRC        quick verify_chain A/B (~4 min with both builds): builds OLD_SRC into
 #                           /tmp/oldsite beside the current tree's build, runs the verify tests
 #                           meanwhile, then tools/time_verify.py (default paths) and
@@ -159,6 +163,24 @@ build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverif
     --no-build-isolation --no-deps --target /tmp/oldsite -C build-dir=/tmp/build-old . \
     > "$OUT/build-old.log" 2>&1) || { tail -20 "$OUT/build-old.log"; return 1; }
 }
+run_bits() {
+  local old_src=$1; shift
+  local t0=$(date +%s)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/deps .deps/nvidia_cutlass-4.2.0.0-py3-none-any.whl || true
+  build_old "$old_src" & local bg=$!
+  build
+  wait $bg || exit 1
+  echo "builds: $(( $(date +%s) - t0 )) s"
+  PYTHONPATH=/tmp/oldsite timeout 240 python3 tools/bitwise_attention.py dump "$OUT/bits-old.json" "$@" \
+    > "$OUT/bits.log" 2>&1 || { tail -20 "$OUT/bits.log"; exit 1; }
+  timeout 240 python3 tools/bitwise_attention.py dump "$OUT/bits-new.json" "$@" >> "$OUT/bits.log" 2>&1 \
+    || { tail -20 "$OUT/bits.log"; exit 1; }
+  python3 tools/bitwise_attention.py compare "$OUT/bits-old.json" "$OUT/bits-new.json" > "$OUT/bits-diff.txt"
+  local rc=$?
+  tail -3 "$OUT/bits.log"; head -30 "$OUT/bits-diff.txt"; tail -1 "$OUT/bits-diff.txt"
+  echo "bits: rc=$rc ($(( $(date +%s) - t0 )) s)"
+  return $rc
+}
 run_abverify() {
   local old_src=$1 t0=$(date +%s)
   build_old "$old_src" & local bg=$!
@@ -255,6 +277,7 @@ case $cmd in
   flashinfer) build; run_flashinfer "$@" ;;
   lines) build; run_lines "$@" ;;
   abverify) build; run_abverify "$@" ;;
+  bits) run_bits "$@"; exit $? ;;
   all) build; run_tests; sanitize ;;
   *) echo "usage: bash tools/h200.sh [build|test|sanitize|bench|ab|abverify|pair|e2e|ablate|flashinfer|lines|all] ..."; exit 2 ;;
 esac
