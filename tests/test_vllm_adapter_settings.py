@@ -88,6 +88,35 @@ def test_tested_version_range(version, ok):
     assert st.version_tested(version) is ok
 
 
+@pytest.mark.parametrize(
+    "version,says",
+    [("0.27.1", "outside the adapter's tested range >=0.28.0,<0.34; vLLM's own P-EAGLE code"),
+     ("0.34.0", "vLLM 0.34 removed the V1 model runner"),
+     ("0.35.1+cu130", "vLLM 0.34 removed the V1 model runner")],
+)  # fmt: skip
+def test_enable_outside_the_range_says_why_and_leaves_vllm_alone(version, says):
+    """A vLLM outside the range gets one warning and no hooks; from 0.34 on the warning says that
+    vLLM itself has no P-EAGLE path any more (no V1 runner, parallel drafting for dflash/dspark
+    only), so the user is not told vLLM's own P-EAGLE code runs."""
+    r = run_python(
+        f"""
+        import logging, sys, types
+        logging.basicConfig(level=logging.INFO)
+        sys.modules["vllm"] = types.SimpleNamespace(__version__={version!r})
+        import peagle.vllm
+        assert peagle.vllm.enable() is False and not peagle.vllm.is_enabled()
+        peagle.vllm.enable()  # the warning is said once
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    lines = [line for line in r.stderr.splitlines() if "peagle: vLLM" in line]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    if version >= "0.34":
+        assert "pip install 'vllm>=0.28.0,<0.34'" in lines[0]
+        assert "own P-EAGLE code is used" not in lines[0]
+
+
 @pytest.mark.parametrize("value,on", [(None, True), ("", True), ("1", True), ("0", False)])
 def test_switch_values(monkeypatch, value, on):
     if value is None:

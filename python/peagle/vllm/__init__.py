@@ -11,9 +11,10 @@ and its chain rejection sampling with ``peagle.ops.verify_chain`` (:mod:`peagle.
   Scripts that build vLLM objects directly call :func:`enable`.
 * ``PEAGLE_VLLM=1`` (default) / ``0``: on / off. Off installs nothing.
 * Known vLLM: :data:`TESTED_VLLM_RANGE` (0.28 to 0.33). Another version is left alone with one
-  warning; within the range the hooks are chosen by feature detection
-  (:func:`peagle.vllm._patch.hook_points`), and a release whose hook points differ from what the
-  adapter knows is left alone with one warning too.
+  warning (from 0.34 on vLLM has no P-EAGLE path: it removed the V1 runner and parallel drafting
+  for eagle3, and the adapter does not plug into its V2 speculator API); within the range the
+  hooks are chosen by feature detection (:func:`peagle.vllm._patch.hook_points`), and a release
+  whose hook points differ from what the adapter knows is left alone with one warning too.
 * Activation logs ``peagle: vLLM adapter active: ...`` (INFO, logger ``vllm.peagle``), once per
   replaced part. Anything the ops do not support (tree drafting, M-RoPE, heterogeneous
   vocabularies, synthetic rejection sampling, float64 exponentials, a device without peagle
@@ -51,11 +52,7 @@ def enable() -> bool:
         return False
     version = getattr(vllm, "__version__", "unknown")
     if not version_tested(version):
-        st.warn_once(
-            f"version:{version}",
-            f"peagle: vLLM {version} is outside the adapter's tested range {TESTED_VLLM_RANGE}; "
-            "vLLM's own P-EAGLE code is used",
-        )
+        st.warn_once(f"version:{version}", st.out_of_range_message(version))
         return False
     missing = _patch.install()
     if missing:

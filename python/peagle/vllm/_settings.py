@@ -17,6 +17,28 @@ DEFAULT_SWITCH = "1"
 TESTED_VLLM_MIN = (0, 28, 0)
 TESTED_VLLM_BELOW = (0, 34, 0)
 TESTED_VLLM_RANGE = ">=0.28.0,<0.34"
+# vLLM 0.34 removed the V1 model runner (the adapter's hook points) and, with it, parallel drafting
+# for eagle / eagle3: its config accepts `parallel_drafting` only for dflash and dspark, so P-EAGLE
+# does not run there with or without peagle. New speculators plug into its V2 runner
+# (`register_speculative_method`), which the adapter does not implement.
+NO_V1_RUNNER_FROM = (0, 34, 0)
+
+
+def out_of_range_message(version: str) -> str:
+    """The one warning for a vLLM outside :data:`TESTED_VLLM_RANGE`."""
+    v = parse_version(version)
+    if v is not None and v >= NO_V1_RUNNER_FROM:
+        return (
+            f"peagle: vLLM {version} has no P-EAGLE path for the adapter: vLLM 0.34 removed the V1 "
+            "model runner and, with it, parallel_drafting for eagle/eagle3 (now dflash/dspark "
+            f"only); peagle's vLLM adapter supports {TESTED_VLLM_RANGE} "
+            f"(pip install 'vllm{TESTED_VLLM_RANGE}'); vLLM is left unchanged"
+        )
+    return (
+        f"peagle: vLLM {version} is outside the adapter's tested range {TESTED_VLLM_RANGE}; "
+        "vLLM's own P-EAGLE code is used"
+    )
+
 
 # A child of vLLM's "vllm" logger, so the lines appear in vLLM's own log output.
 logger = logging.getLogger("vllm.peagle")
