@@ -173,6 +173,9 @@ def attention_cases() -> None:
         ([14, 3], [5000, 40], 64, 8, 64, 16, torch.float16, {}, {"num_splits": 24}),
         # B = 1, 64/8 x 64, automatic splits, short table: the 64-row query tiles (wgmma)
         ([14], [6000], 64, 8, 64, 16, torch.bfloat16, {}, {"max_query_len": 14}),
+        # head-major caches (slots D apart): the K/V byte-stride address math, both head layouts
+        ([14, 9], [1200, 77], 32, 8, 128, 32, torch.bfloat16, {"layout": "head_major"}, {}),
+        ([14, 14], [640, 2100], 64, 8, 64, 16, torch.float16, {"layout": "head_major"}, {}),
     ]
     # Every kernel variant (PEAGLE_ATTN_IMPL, read per launch): the default on all cases, the
     # others on the cases their paths handle differently (GQA 4/8, head_dim 128, splits).
