@@ -53,7 +53,8 @@
 #                           LINES_NCU_ARGS adds ncu options (e.g. --cache-control none: ncu
 #                           otherwise flushes the caches before the launch, unlike a replay)
 # CALL_SECONDS (default 555) is what a pair/ablate call may take, build included.
-# SKIP_BUILD=1 reuses the build of an earlier call in the same command; SANITIZE_TOOLS picks tools;
+# SKIP_BUILD=1 reuses the builds (current tree, and the old tree in /tmp/oldsite) of an earlier
+# call on the same warm machine; SANITIZE_TOOLS picks tools;
 # TEST_WORKERS (default 12) and TEST_TIMEOUT (s, default 420) size the test run.
 set -uo pipefail
 OUT=${OUT:-/tmp/peagle-out}
@@ -153,9 +154,11 @@ run_flashinfer() {
   done
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
 }
-build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverify)
+build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverify / bits)
   local old_src=$1
   [ -d "$old_src" ] || { echo "no such source tree: $old_src"; exit 2; }
+  # SKIP_BUILD=1 also keeps an old build an earlier call of this reservation left there.
+  if [ -n "${SKIP_BUILD:-}" ] && [ -d /tmp/oldsite/peagle ]; then return 0; fi
   [ -d "$old_src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$old_src/python/peagle/"
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # as in build()
   export PEAGLE_CUTLASS_INCLUDE=${PEAGLE_CUTLASS_INCLUDE:-/tmp/deps/cutlass_library/source/include}
