@@ -10,9 +10,11 @@
 // (<cutlass>/include: e.g. the nvidia-cutlass wheel's cutlass_library/source/include.) On the host
 // CuTe cannot translate a shared-memory pointer, so its descriptors carry start address 0 and
 // the check compares start offsets through the addresses of the slices' first elements instead.
-// The kernel forms a descriptor from the tile's start >> 4 plus a constant (wgmma_desc_at);
-// moved_tiles checks that against the descriptor built field by field from the summed address
-// (masked, shifted, or-ed) for every 1024-byte-aligned tile in the 228 KB shared-memory window.
+// check_moved_tiles compares the kernel's descriptors with the descriptor built field by field
+// from the summed address (masked, shifted, or-ed) for every 1024-byte-aligned tile in the 228 KB
+// shared-memory window, also with bits set above it (a cluster CTA's rank: such an address must
+// reach the descriptor masked). A rewrite of the descriptor arithmetic (tools/patches/) must keep
+// this check green.
 #include <cstdint>
 #include <cstdio>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -96,20 +98,34 @@ uint64_t desc_by_fields(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t{1} << 62);
 }
 
+// The K/Q and V descriptors of every k16 step of a [kRows, D] tile at shared-memory address
+// `base`: mismatches against the field-by-field form of the summed address.
+template <int kRows, int D>
+int check_tile_at(uint32_t base) {
+  int bad = 0;
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t k_addr = base + (kk >> 2) * (kRows * 128) + (kk & 3) * 32;
+    bad += peagle::attn::k_operand_desc<kRows>(base, kk) != desc_by_fields(k_addr, 16, 1024);
+  }
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    bad += peagle::attn::v_operand_desc<kRows>(base, kk) !=
+           desc_by_fields(base + kk * 16 * 128, kRows * 128, 1024);
+  }
+  return bad;
+}
+
 // Every k16 step of a [kRows, D] tile at every 1024-byte-aligned base below 228 KB (the kernel's
 // K/V stages and Q tiles; the Q tile's second warpgroup starts 8 KB in): the kernel's descriptor
 // equals the field-by-field one of the summed address, for K-major (K and Q) and MN-major (V).
+// The bases also carry bits above the 256 KB window: a CTA of a cluster launch has its rank there
+// (a descriptor built without the mask read other rows of shared memory in those CTAs only).
 template <int kRows, int D>
 int check_moved_tiles() {
   int bad = 0;
-  for (uint32_t base = 0; base < 228u * 1024u; base += 1024u) {
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t k_addr = base + (kk >> 2) * (kRows * 128) + (kk & 3) * 32;
-      bad += peagle::attn::k_operand_desc<kRows>(base, kk) != desc_by_fields(k_addr, 16, 1024);
-    }
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      bad += peagle::attn::v_operand_desc<kRows>(base, kk) !=
-             desc_by_fields(base + kk * 16 * 128, kRows * 128, 1024);
+  const uint32_t high_bits[] = {0u, 1u << 18, 1u << 24, 3u << 24, 15u << 24, 0xFFFC0000u};
+  for (const uint32_t hi : high_bits) {
+    for (uint32_t low = 0; low < 228u * 1024u; low += 1024u) {
+      bad += check_tile_at<kRows, D>(hi | low);
     }
   }
   return report("K/Q and V descriptors at every base", kRows, D, bad);

@@ -118,11 +118,6 @@ struct AttnGrid {
   int32_t block_n;        // keys per KV tile
   float scale_log2;       // |softmax_scale| * log2(e), at least FLT_MIN (so -inf * scale = -inf)
   uint32_t q_sign;        // 0x80008000 when softmax_scale < 0: Q's sign is flipped instead
-  // The cache's block / slot strides in bytes (the bind checks the element strides lie in
-  // [0, 2^31), so these fit 32 bits) and block_size - 1: kernel-parameter values that the K/V
-  // address multiply-adds read straight from the constant bank.
-  uint32_t k_block_bytes, k_slot_bytes, v_block_bytes, v_slot_bytes;
-  uint32_t slot_mask;
 };
 
 // Writes 0 (lse -inf) into rows outside every request: [0, qsl[0]) and [qsl[B], T).
@@ -438,27 +433,20 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
     if ((s_q & 1023u) != 0) __trap();  // the 128-byte swizzle needs 1024-byte aligned tiles
   }
   const uint32_t s_kv = s_q + Cfg::kQBytes;  // stage s: K at + s * kStageBytes, V after it
-  // kQSmem: this warpgroup's 64 rows of the Q tile (64 rows x 128 B per panel). The shuffle makes
-  // the warpgroup index visibly warp-uniform, so ptxas keeps the Q descriptors in uniform
-  // registers (as CUTLASS's canonical_warp_group_idx) instead of moving each one there per tile.
-  const uint32_t s_q_wg = s_q + __shfl_sync(0xffffffffu, warp >> 2, 0) * 8192u;
   const T* q_base = static_cast<const T*>(p.query);
   // K/V copy assignment: this thread moves 16-byte chunk kv_chunk of rows kv_row0 + j * step.
-  // Each address is the head's base plus slot and block times their byte strides (AttnGrid):
-  // two 32 x 32 + 64-bit multiply-adds.
-  static_assert(sizeof(T) == 2, "AttnGrid's K/V byte strides assume 2-byte elements");
+  // Cache strides fit in int32 (checked by the bind); block offsets are formed in 64 bits.
   const int kv_chunk = tid % kChunks, kv_row0 = tid / kChunks;
   const uint32_t kv_dst0 = tile_offset<kBlockN>(kv_row0, kv_chunk);
-  const char* k_base = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) +
-                                                     g * p.k_stride_head + kv_chunk * 8);
-  const char* v_base = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) +
-                                                     g * p.v_stride_head + kv_chunk * 8);
+  const T* k_base = static_cast<const T*>(p.key_cache) + g * p.k_stride_head + kv_chunk * 8;
+  const T* v_base = static_cast<const T*>(p.value_cache) + g * p.v_stride_head + kv_chunk * 8;
+  const int32_t k_stride_block = static_cast<int32_t>(p.k_stride_block);
+  const int32_t k_stride_slot = static_cast<int32_t>(p.k_stride_slot);
+  const int32_t v_stride_block = static_cast<int32_t>(p.v_stride_block);
+  const int32_t v_stride_slot = static_cast<int32_t>(p.v_stride_slot);
   const uint32_t num_blocks =
       static_cast<uint32_t>(p.num_blocks < INT32_MAX ? p.num_blocks : INT32_MAX);
-  // The request's block-table row, formed once: the empty asm makes it opaque, so ptxas keeps it
-  // in two registers rather than redoing the 64 x 64-bit row product before every lookup.
   const int32_t* table = p.block_table + static_cast<int64_t>(r) * p.block_table_stride;
-  asm("" : "+l"(table));
   const int32_t cap = key_capacity_i32(p);
   const float sl = grid.scale_log2;
   const int32_t packed_total = a.q_len * group;
@@ -495,8 +483,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
       for (int j = 0; j < kPasses; ++j) {
         const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
         const bool in_range = valid && key >= tk.lo_min && key <= tk.hi_max;
-        // key >= lo_min >= 0 where it is read: an unsigned column index (one IMAD.WIDE.U32).
-        blk[j] = in_range ? __ldg(table + static_cast<uint32_t>(key >> p.log2_block_size)) : -1;
+        blk[j] = in_range ? __ldg(table + (key >> p.log2_block_size)) : -1;
       }
     };
     // K/V tile kt -> ring stage `stage`.
@@ -506,16 +493,15 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
       for (int j = 0; j < kPasses; ++j) {
         const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
         const bool ok = static_cast<uint32_t>(blk[j]) < num_blocks;  // also rejects blk < 0
-        // !ok: nothing is read (src-size 0); block 0 keeps the address near the cache.
-        const uint32_t b = ok ? static_cast<uint32_t>(blk[j]) : 0u;
-        const uint32_t slot = static_cast<uint32_t>(key) & grid.slot_mask;
-        const char* k_src =
-            mad_wide_u32(b, grid.k_block_bytes, mad_wide_u32(slot, grid.k_slot_bytes, k_base));
-        const char* v_src =
-            mad_wide_u32(b, grid.v_block_bytes, mad_wide_u32(slot, grid.v_slot_bytes, v_base));
+        const int32_t slot = key & (p.block_size - 1);
+        // 32 x 32 -> 64-bit products; offset 0 (nothing is read) when !ok.
+        const int64_t koff =
+            ok ? mul_wide(blk[j], k_stride_block) + mul_wide(slot, k_stride_slot) : 0;
+        const int64_t voff =
+            ok ? mul_wide(blk[j], v_stride_block) + mul_wide(slot, v_stride_slot) : 0;
         const uint32_t dst = s_k + j * kRowsPerPass * 128;  // rows are 128 B apart in a panel
-        cp_async_16(dst, k_src, ok);
-        cp_async_16(dst + Cfg::kKvTileBytes, v_src, ok);
+        cp_async_16(dst, k_base + koff, ok);
+        cp_async_16(dst + Cfg::kKvTileBytes, v_base + voff, ok);
       }
     };
 
@@ -712,7 +698,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
             if constexpr (Cfg::kQSmem) {  // this warpgroup's 64 rows of the Q tile
-              wgmma_qk_ss<T, kBlockN>(s[0], k_operand_desc<kBlockM>(s_q_wg, kk),
+              wgmma_qk_ss<T, kBlockN>(s[0], k_operand_desc<kBlockM>(s_q + (warp >> 2) * 8192, kk),
                                       k_operand_desc<kBlockN>(sk, kk), kk > 0);
             } else {
               wgmma_qk<T, kBlockN>(s[0], qa[0][kk], k_operand_desc<kBlockN>(sk, kk), kk > 0);
@@ -1243,12 +1229,6 @@ AttnGrid make_grid(const PagedAttentionParams& p, const PagedAttentionPlan& plan
   const float a = p.softmax_scale < 0.f ? -p.softmax_scale : p.softmax_scale;
   g.scale_log2 = fmaxf(a * kLog2e, FLT_MIN);
   g.q_sign = p.softmax_scale < 0.f ? 0x80008000u : 0u;
-  constexpr uint32_t kElemBytes = 2;  // bf16 / fp16
-  g.k_block_bytes = static_cast<uint32_t>(p.k_stride_block) * kElemBytes;
-  g.k_slot_bytes = static_cast<uint32_t>(p.k_stride_slot) * kElemBytes;
-  g.v_block_bytes = static_cast<uint32_t>(p.v_stride_block) * kElemBytes;
-  g.v_slot_bytes = static_cast<uint32_t>(p.v_stride_slot) * kElemBytes;
-  g.slot_mask = static_cast<uint32_t>(p.block_size - 1);
   return g;
 }
 

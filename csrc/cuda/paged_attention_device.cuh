@@ -59,12 +59,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4
                : "r"(addr));
 }
 
-// base + a * b, the product 32 x 32 -> 64-bit unsigned (one IMAD.WIDE.U32 with base as the
-// 64-bit addend; written out because ptxas otherwise forms the product and adds it apart).
-__device__ __forceinline__ const char* mad_wide_u32(uint32_t a, uint32_t b, const char* base) {
-  uint64_t r;
-  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(a), "r"(b), "l"(base));
-  return reinterpret_cast<const char*>(r);
+// 32 x 32 -> 64-bit signed product (one IMAD.WIDE).
+__device__ __forceinline__ int64_t mul_wide(int32_t a, int32_t b) {
+  int64_t r;
+  asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(r) : "r"(a), "r"(b));
+  return r;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
