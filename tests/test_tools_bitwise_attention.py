@@ -47,3 +47,26 @@ def test_compare_flags_each_differing_fingerprint(tmp_path, capsys):
     assert bw.compare(str(old), str(new)) == 1
     printed = capsys.readouterr().out
     assert "DIFF a|auto|s1|kernel: x2 -> y" in printed and "1 differ (1 without a merge)" in printed
+
+
+def test_dump_names_the_setting_that_lost_the_context(tmp_path, monkeypatch, capsys):
+    # An illegal address kills the CUDA context: the dump must stop there, name that setting and
+    # keep the fingerprints before it (a crash in the next allocation named nothing).
+    calls = []
+
+    def fake_fingerprint(args, c, splits):
+        calls.append(splits)
+        if len(calls) == 3:
+            raise bw.Fault("CUDA error: an illegal memory access was encountered")
+        return f"h{len(calls)}"
+
+    monkeypatch.setattr(bw, "make_inputs", lambda c, seed: ())
+    monkeypatch.setattr(bw, "fingerprint", fake_fingerprint)
+    path = tmp_path / "bits.json"
+    assert bw.dump(str(path), quick=False) == 2
+    rows = json.loads(path.read_text())["rows"]
+    fault = "fault: CUDA error: an illegal memory access was encountered"
+    assert list(rows.values()) == ["h1", "h2", fault]
+    fault_key = list(rows)[2]
+    assert f"FAULT {fault_key}" in capsys.readouterr().out
+    assert "PEAGLE_ATTN_IMPL" not in bw.os.environ and "PEAGLE_ATTN_MERGE" not in bw.os.environ

@@ -111,6 +111,14 @@ def strided_copy(x: torch.Tensor, device: str) -> torch.Tensor:
     return y
 
 
+# A CUDA error that leaves the context unusable (torch >= 2.8 raises it as AcceleratorError).
+_STICKY = getattr(torch, "AcceleratorError", RuntimeError)
+
+
+class Fault(Exception):
+    """A launch left the CUDA context unusable; the message is the error's first line."""
+
+
 def fingerprint(args: tuple[torch.Tensor, ...], c: Case, splits: int) -> str:
     from peagle import ops
 
@@ -121,6 +129,8 @@ def fingerprint(args: tuple[torch.Tensor, ...], c: Case, splits: int) -> str:
         ops.paged_attention(*args, max_query_len=max(c.q_lens), window_left=c.window_left,
                             num_splits=splits, return_lse=True, out=out, lse=lse)  # fmt: skip
         torch.cuda.synchronize()
+    except _STICKY as e:  # the context is lost (e.g. an illegal address): no later case can run
+        raise Fault(str(e).splitlines()[0][:120]) from e
     except Exception as e:  # noqa: BLE001 (an unsupported variant is a fingerprint too)
         return "error: " + str(e).splitlines()[0][:120]
     h = hashlib.sha256(out.view(torch.int16).cpu().numpy().tobytes())
@@ -128,24 +138,40 @@ def fingerprint(args: tuple[torch.Tensor, ...], c: Case, splits: int) -> str:
     return h.hexdigest()[:24]
 
 
-def dump(path: str, quick: bool) -> None:
-    rows = {}
-    for i, c in enumerate(CASES):
-        if quick and c.name not in QUICK:
-            continue
-        args = make_inputs(c, seed=1000 + i)
-        for impl in IMPLS:
-            for splits in SPLITS:
-                for merge in ("kernel", "cluster") if splits != 1 else ("kernel",):
-                    os.environ["PEAGLE_ATTN_IMPL"] = impl
-                    os.environ["PEAGLE_ATTN_MERGE"] = merge
-                    rows[f"{c.name}|{impl}|s{splits}|{merge}"] = fingerprint(args, c, splits)
-    os.environ.pop("PEAGLE_ATTN_IMPL", None)
-    os.environ.pop("PEAGLE_ATTN_MERGE", None)
+def dump(path: str, quick: bool) -> int:
+    """Fingerprints every setting into `path`; 2 when a launch faulted: the fingerprints so far
+    and that setting (``fault: ...``) are written, and the setting is printed."""
+    rows, fault = {}, None
+    try:
+        for i, c in enumerate(CASES):
+            if quick and c.name not in QUICK:
+                continue
+            args = make_inputs(c, seed=1000 + i)
+            for impl in IMPLS:
+                for splits in SPLITS:
+                    for merge in ("kernel", "cluster") if splits != 1 else ("kernel",):
+                        key = f"{c.name}|{impl}|s{splits}|{merge}"
+                        os.environ["PEAGLE_ATTN_IMPL"] = impl
+                        os.environ["PEAGLE_ATTN_MERGE"] = merge
+                        try:
+                            rows[key] = fingerprint(args, c, splits)
+                        except Fault as e:
+                            rows[key], fault = f"fault: {e}", key
+                            raise
+    except Fault:
+        pass
+    finally:
+        os.environ.pop("PEAGLE_ATTN_IMPL", None)
+        os.environ.pop("PEAGLE_ATTN_MERGE", None)
     errors = sum(v.startswith("error") for v in rows.values())
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     with open(path, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+        json.dump({"gpu": gpu, "rows": rows}, f, indent=1)
     print(f"{len(rows)} fingerprints ({errors} errors) -> {path}")
+    if fault is not None:
+        print(f"FAULT {fault}: {rows[fault]} (the CUDA context is lost; later settings not run)")
+        return 2
+    return 0
 
 
 def compare(old_path: str, new_path: str) -> int:
@@ -172,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "compare":
         return compare(a.old, a.new)
-    dump(a.out, a.quick)
-    return 0
+    return dump(a.out, a.quick)
 
 
 if __name__ == "__main__":
