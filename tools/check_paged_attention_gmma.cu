@@ -13,8 +13,8 @@
 // check_moved_tiles compares the kernel's descriptors with the descriptor built field by field
 // from the summed address (masked, shifted, or-ed) for every 1024-byte-aligned tile in the 228 KB
 // shared-memory window, also with bits set above it (a cluster CTA's rank: such an address must
-// reach the descriptor masked). A rewrite of the descriptor arithmetic (tools/patches/) must keep
-// this check green.
+// reach the descriptor masked), in both of the kernel's forms (k/v_operand_desc<kRows, kStep>).
+// A rewrite of the descriptor arithmetic must keep this check green.
 #include <cstdint>
 #include <cstdio>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -99,17 +99,21 @@ uint64_t desc_by_fields(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
 }
 
 // The K/Q and V descriptors of every k16 step of a [kRows, D] tile at shared-memory address
-// `base`: mismatches against the field-by-field form of the summed address.
+// `base`, in both forms (step: head_dim 64; summed: head_dim 128): mismatches against the
+// field-by-field form of the summed address.
 template <int kRows, int D>
 int check_tile_at(uint32_t base) {
   int bad = 0;
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t k_addr = base + (kk >> 2) * (kRows * 128) + (kk & 3) * 32;
-    bad += peagle::attn::k_operand_desc<kRows>(base, kk) != desc_by_fields(k_addr, 16, 1024);
+    const uint64_t want = desc_by_fields(k_addr, 16, 1024);
+    bad += peagle::attn::k_operand_desc<kRows, true>(base, kk) != want;
+    bad += peagle::attn::k_operand_desc<kRows, false>(base, kk) != want;
   }
   for (int kk = 0; kk < kRows / 16; ++kk) {
-    bad += peagle::attn::v_operand_desc<kRows>(base, kk) !=
-           desc_by_fields(base + kk * 16 * 128, kRows * 128, 1024);
+    const uint64_t want = desc_by_fields(base + kk * 16 * 128, kRows * 128, 1024);
+    bad += peagle::attn::v_operand_desc<kRows, true>(base, kk) != want;
+    bad += peagle::attn::v_operand_desc<kRows, false>(base, kk) != want;
   }
   return bad;
 }

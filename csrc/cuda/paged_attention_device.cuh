@@ -66,6 +66,14 @@ __device__ __forceinline__ int64_t mul_wide(int32_t a, int32_t b) {
   return r;
 }
 
+// base + a * b, the product 32 x 32 -> 64-bit unsigned (one IMAD.WIDE.U32 with base as the
+// 64-bit addend; written out because ptxas otherwise forms the product and adds it apart).
+__device__ __forceinline__ const char* mad_wide_u32(uint32_t a, uint32_t b, const char* base) {
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(a), "r"(b), "l"(base));
+  return reinterpret_cast<const char*>(r);
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

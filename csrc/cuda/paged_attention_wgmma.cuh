@@ -38,7 +38,8 @@
 namespace peagle {
 namespace attn {
 
-// 128-byte-swizzle shared-memory matrix descriptor.
+// 128-byte-swizzle shared-memory matrix descriptor of the operand at shared-memory byte address
+// smem_byte_addr (the summed form: the address masked to the CTA's window, as the PTX encoding).
 __host__ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t lbo_bytes,
                                                         uint32_t sbo_bytes) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4) |
@@ -46,19 +47,46 @@ __host__ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr,
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t{1} << 62);
 }
 
+// The same descriptor of the operand at shared-memory byte address
+// tile + 16 * start_off16. The 14-bit start field takes address bits 4-17 of the CTA's own window
+// (228 KB at most); a CTA of a cluster launch has its rank in the address bits above those (its
+// shared::cta window lies inside the shared::cluster one), so the tile's start is masked, once
+// per tile. A k16 step's descriptor is then that plus a compile-time constant in the low word (the
+// offset within a tile never carries out of the field): one add per step where the form with the
+// address summed first took an add, a mask, a shift and an or (tools/check_paged_attention_gmma.cu
+// checks both forms agree on every 1024-byte-aligned tile, with and without rank bits).
+__host__ __device__ __forceinline__ uint64_t wgmma_desc_at(uint32_t tile, uint32_t start_off16,
+                                                           uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t start16 = (tile & 0x3FFFFu) >> 4;
+  const uint32_t lo = start16 + start_off16 + ((lbo_bytes >> 4) << 16);  // start, leading offset
+  const uint32_t hi = (sbo_bytes >> 4) | (1u << 30);  // stride offset, swizzle mode 1 (bit 62)
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 // Descriptor of k16 step kk (head-dim elements 16kk .. 16kk+15) of a K tile at smem address
 // `tile` ([kRows keys, D] in tile_offset's layout) as the K-major B operand of S = Q K^T: 32 bytes
-// into 128-byte panel kk / 4; rows 128 B apart, 8-row groups 1024 B apart.
-template <int kRows>
+// into 128-byte panel kk / 4; rows 128 B apart, 8-row groups 1024 B apart. The same layout serves
+// a warpgroup's 64 rows of the Q tile as the A operand (kRows = the Q tile's rows).
+// kStep: wgmma_desc_at's form (tile start + per-step constant), else the summed form; the same
+// descriptor either way.
+template <int kRows, bool kStep = true>
 __host__ __device__ __forceinline__ uint64_t k_operand_desc(uint32_t tile, int kk) {
-  return wgmma_desc(tile + (kk >> 2) * (kRows * 128) + (kk & 3) * 32, 16, 1024);
+  if constexpr (kStep) {
+    return wgmma_desc_at(tile, ((kk >> 2) * (kRows * 128) + (kk & 3) * 32) >> 4, 16, 1024);
+  } else {
+    return wgmma_desc(tile + (kk >> 2) * (kRows * 128) + (kk & 3) * 32, 16, 1024);
+  }
 }
 // Descriptor of k16 step kk (keys 16kk .. 16kk+15) of a V tile at smem address `tile` as the
 // MN-major B operand of O += P V: rows 128 B apart, 8-row groups 1024 B apart, 64-column panels
 // kRows * 128 B apart (the leading byte offset).
-template <int kRows>
+template <int kRows, bool kStep = true>
 __host__ __device__ __forceinline__ uint64_t v_operand_desc(uint32_t tile, int kk) {
-  return wgmma_desc(tile + kk * 16 * 128, kRows * 128, 1024);
+  if constexpr (kStep) {
+    return wgmma_desc_at(tile, (kk * 16 * 128) >> 4, kRows * 128, 1024);
+  } else {
+    return wgmma_desc(tile + kk * 16 * 128, kRows * 128, 1024);
+  }
 }
 
 // Before the first wgmma of a batch whose accumulator or A registers were touched by ordinary
