@@ -66,8 +66,9 @@ __device__ __forceinline__ int64_t mul_wide(int32_t a, int32_t b) {
   return r;
 }
 
-// base + a * b, the product 32 x 32 -> 64-bit unsigned (one IMAD.WIDE.U32 with base as the
-// 64-bit addend; written out because ptxas otherwise forms the product and adds it apart).
+// base + a * b, the product 32 x 32 -> 64-bit unsigned: one IMAD.WIDE.U32 with base as the 64-bit
+// addend where ptxas keeps the form (it still merges two of them into two products and one
+// three-input add in some kernels; either is fewer instructions than 64-bit element offsets).
 __device__ __forceinline__ const char* mad_wide_u32(uint32_t a, uint32_t b, const char* base) {
   uint64_t r;
   asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(a), "r"(b), "l"(base));
