@@ -94,12 +94,15 @@ struct AttnCfg {
   static constexpr int kKvPasses = kBlockN / kRowsPerPass;
   static constexpr int kQPasses = kBlockM * kChunks / kThreads;
   static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
-  // Step addressing (head_dim 64): wgmma descriptors as the tile's masked start plus a per-step
-  // constant, K/V addresses as byte-stride multiply-adds, a warp-uniform Q base. It issues fewer
-  // instructions per KV tile and measured 0.90-0.92x the time of the summed forms for 64/8 x 64 at
-  // B = 8 / 64, but 1.06-1.20x for 32/8 x 128 (H200, 2026-12-06; docs/architecture.md), so
-  // head_dim 128 keeps the summed forms (masked address sums, element-stride products).
-  static constexpr bool kStepAddressing = D == 64;
+  // Step addressing (head_dim 64): kStepDescriptors forms the wgmma descriptors as the tile's
+  // masked start plus a per-step constant (and the Q base warp-uniform), kByteStrides the K/V
+  // addresses as byte-stride multiply-adds (and the block-table row once). Together they issue
+  // fewer instructions per KV tile and measured 0.90-0.92x the time of the summed forms for
+  // 64/8 x 64 at B = 8 / 64, but 1.06-1.20x for 32/8 x 128 (H200, 2026-12-06;
+  // docs/architecture.md), so head_dim 128 keeps the summed forms (masked address sums,
+  // element-stride products). Which of the two slows head_dim 128 is not yet measured.
+  static constexpr bool kStepDescriptors = D == 64;
+  static constexpr bool kByteStrides = D == 64;
   static_assert(kBlockN == 32 || kBlockN == 64, "");
   static_assert(kMT * 16 * kWarps == kBlockM, "");
   static_assert(!kWgmma || (kMT == 1 && kBlockM % 64 == 0), "one warpgroup per 64 rows");
@@ -445,13 +448,14 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
   }
   const uint32_t s_kv = s_q + Cfg::kQBytes;  // stage s: K at + s * kStageBytes, V after it
   // kQSmem: this warpgroup's 64 rows of the Q tile (64 rows x 128 B per panel). With step
-  // addressing the shuffle makes the warpgroup index visibly warp-uniform, so ptxas keeps the Q
+  // descriptors the shuffle makes the warpgroup index visibly warp-uniform, so ptxas keeps the Q
   // descriptors in uniform registers (as CUTLASS's canonical_warp_group_idx).
   uint32_t s_q_wg = s_q + (warp >> 2) * 8192;
-  if constexpr (Cfg::kStepAddressing) s_q_wg = s_q + __shfl_sync(0xffffffffu, warp >> 2, 0) * 8192u;
+  if constexpr (Cfg::kStepDescriptors)
+    s_q_wg = s_q + __shfl_sync(0xffffffffu, warp >> 2, 0) * 8192u;
   const T* q_base = static_cast<const T*>(p.query);
   // K/V copy assignment: this thread moves 16-byte chunk kv_chunk of rows kv_row0 + j * step.
-  // Step addressing: each address is the head's base plus slot and block times their byte strides
+  // Byte strides: each address is the head's base plus slot and block times their byte strides
   // (AttnGrid), two 32 x 32 + 64-bit multiply-adds; else element offsets from 32 x 32 -> 64-bit
   // products of the strides (they fit in int32, checked by the bind).
   static_assert(sizeof(T) == 2, "AttnGrid's K/V byte strides assume 2-byte elements");
@@ -467,11 +471,11 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
   const char* v_base_bytes = reinterpret_cast<const char*>(v_base);
   const uint32_t num_blocks =
       static_cast<uint32_t>(p.num_blocks < INT32_MAX ? p.num_blocks : INT32_MAX);
-  // The request's block-table row, formed once: with step addressing the empty asm makes it
+  // The request's block-table row, formed once: with byte strides the empty asm makes it
   // opaque, so ptxas keeps it in two registers rather than redoing the 64 x 64-bit row product
   // before every lookup.
   const int32_t* table = p.block_table + static_cast<int64_t>(r) * p.block_table_stride;
-  if constexpr (Cfg::kStepAddressing) asm("" : "+l"(table));
+  if constexpr (Cfg::kByteStrides) asm("" : "+l"(table));
   const int32_t cap = key_capacity_i32(p);
   const float sl = grid.scale_log2;
   const int32_t packed_total = a.q_len * group;
@@ -508,7 +512,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
       for (int j = 0; j < kPasses; ++j) {
         const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
         const bool in_range = valid && key >= tk.lo_min && key <= tk.hi_max;
-        if constexpr (Cfg::kStepAddressing) {
+        if constexpr (Cfg::kByteStrides) {
           // key >= lo_min >= 0 where it is read: an unsigned column index (one IMAD.WIDE.U32).
           blk[j] = in_range ? __ldg(table + static_cast<uint32_t>(key >> p.log2_block_size)) : -1;
         } else {
@@ -523,7 +527,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
       for (int j = 0; j < kPasses; ++j) {
         const int32_t key = kt * kBlockN + kv_row0 + j * kRowsPerPass;
         const bool ok = static_cast<uint32_t>(blk[j]) < num_blocks;  // also rejects blk < 0
-        if constexpr (Cfg::kStepAddressing) {
+        if constexpr (Cfg::kByteStrides) {
           // !ok: nothing is read (src-size 0); block 0 keeps the address near the cache.
           const uint32_t b = ok ? static_cast<uint32_t>(blk[j]) : 0u;
           const uint32_t slot = static_cast<uint32_t>(key) & grid.slot_mask;
@@ -742,11 +746,11 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           for (int kk = 0; kk < D / 16; ++kk) {
             if constexpr (Cfg::kQSmem) {  // this warpgroup's 64 rows of the Q tile
               wgmma_qk_ss<T, kBlockN>(
-                  s[0], k_operand_desc<kBlockM, Cfg::kStepAddressing>(s_q_wg, kk),
-                  k_operand_desc<kBlockN, Cfg::kStepAddressing>(sk, kk), kk > 0);
+                  s[0], k_operand_desc<kBlockM, Cfg::kStepDescriptors>(s_q_wg, kk),
+                  k_operand_desc<kBlockN, Cfg::kStepDescriptors>(sk, kk), kk > 0);
             } else {
               wgmma_qk<T, kBlockN>(s[0], qa[0][kk],
-                                   k_operand_desc<kBlockN, Cfg::kStepAddressing>(sk, kk), kk > 0);
+                                   k_operand_desc<kBlockN, Cfg::kStepDescriptors>(sk, kk), kk > 0);
             }
           }
           wgmma_commit();
@@ -754,7 +758,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
 #pragma unroll
             for (int kk = 0; kk < kBlockN / 16; ++kk) {
               wgmma_pv<T, D>(o[0], pa_prev[kk],
-                             v_operand_desc<kBlockN, Cfg::kStepAddressing>(sv_prev, kk));
+                             v_operand_desc<kBlockN, Cfg::kStepDescriptors>(sv_prev, kk));
             }
             wgmma_commit();
             wgmma_wait<1>();  // S landed; P V may still run
@@ -880,7 +884,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            wgmma_pv<T, D>(o[0], pa[kk], v_operand_desc<kBlockN, Cfg::kStepAddressing>(sv, kk));
+            wgmma_pv<T, D>(o[0], pa[kk], v_operand_desc<kBlockN, Cfg::kStepDescriptors>(sv, kk));
           }
           wgmma_commit();
           wgmma_wait<0>();  // before the next barrier lets this stage be overwritten
@@ -918,7 +922,7 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
           wgmma_pv<T, D>(o[0], pa_prev[kk],
-                         v_operand_desc<kBlockN, Cfg::kStepAddressing>(sv_prev, kk));
+                         v_operand_desc<kBlockN, Cfg::kStepDescriptors>(sv_prev, kk));
         }
         wgmma_commit();
         wgmma_wait<0>();
