@@ -380,3 +380,25 @@ def test_print_table_without_rows_prints_the_header(capsys):
     """A filter that matches no case leaves no rows; the table still prints (its header)."""
     timing.print_table([], ["case", "median_us"])
     assert capsys.readouterr().out.split() == ["case", "median_us"]
+
+
+def test_ab_compare_times_each_variant_against_old(tmp_path, capsys):
+    # tools/h200.sh ab with AB_VARIANTS: ab-<family>-<name><rep>.json per extra tree.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "ab_compare.py"
+    spec = importlib.util.spec_from_file_location("ab_compare", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    for side, us in (("old", 10.0), ("new", 9.0), ("varA", 12.0), ("var_b", 8.0)):
+        for rep in (1, 2):
+            rows = [{"case": "c", "impl": "peagle", "median_us": us + rep / 10, "mode": "graph"}]
+            (tmp_path / f"ab-attention-{side}{rep}.json").write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "cmp.json"
+    assert ab.main([str(tmp_path), "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    got = {r.get("variant", "new"): r["new_over_old"] for r in rec["rows"]}
+    assert got == {"new": round(9.1 / 10.1, 4), "varA": round(12.1 / 10.1, 4),
+                   "var_b": round(8.1 / 10.1, 4)}  # fmt: skip
+    assert "variant varA (as new):" in capsys.readouterr().out

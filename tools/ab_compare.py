@@ -2,12 +2,13 @@
 
     python3 tools/ab_compare.py DIR [DIR ...] [--json OUT] [--old-commit C] [--new-commit C]
 
-DIR holds `ab-<family>-<old|new><rep>.json` (the unpacked `ab.tgz`; several DIRs are merged, e.g.
-two calls of one reservation). For every case of the kernel families (peagle's graph-mode rows
-only) it prints the old and new medians of each repeat, new/old of the best of each side, and the
-same-variant spread (largest relative difference between two repeats of one side, PERF.md §4): a
-ratio within the spread is no change. e2e rows compare tokens/s, acceptance length and the
-outputs' hash.
+DIR holds `ab-<family>-<side><rep>.json` (the unpacked `ab.tgz`; several DIRs are merged, e.g.
+two calls of one reservation); the sides are old, new and any AB_VARIANTS tree (named in letters
+and underscores). For every case of the kernel families (peagle's graph-mode rows only) it prints
+the old and new medians of each repeat, new/old of the best of each side, and the same-variant
+spread (largest relative difference between two repeats of one side, PERF.md §4): a ratio within
+the spread is no change; each variant gets the same table against old (its rows carry
+"variant"). e2e rows compare tokens/s, acceptance length and the outputs' hash (old vs new).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import re
 from pathlib import Path
 
-NAME = re.compile(r"ab-(?P<fam>[a-z_]+)-(?P<side>old|new)(?P<rep>\d+)\.json$")
+NAME = re.compile(r"ab-(?P<fam>[a-z_]+)-(?P<side>[A-Za-z_]+)(?P<rep>\d+)\.json$")
 
 
 def load(dirs: list[Path]) -> dict[str, dict[str, list[dict]]]:
@@ -94,12 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     out_rows = []
     for fam in sorted(runs):
         sides = runs[fam]
-        if set(sides) != {"old", "new"}:
+        if "old" not in sides or "new" not in sides:
             print(f"{fam}: only {sorted(sides)}")
             continue
         lines, rows = e2e_table(sides) if fam == "e2e" else kernel_table(fam, sides)
         print("\n".join(lines))
         out_rows += rows
+        for var in sorted(set(sides) - {"old", "new"}):
+            if fam == "e2e":
+                continue
+            lines, rows = kernel_table(fam, {"old": sides["old"], "new": sides[var]})
+            print(f"variant {var} (as new):")
+            print("\n".join(lines))
+            out_rows += [{**r, "variant": var} for r in rows]
     if args.json:
         any_run = next(iter(next(iter(runs.values())).values()))[0]
         rec = {"gpu": any_run.get("gpu"), "old_commit": args.old_commit,

@@ -9,9 +9,11 @@
 #                           (concurrency 1), results in $OUT/<family>-h200.json
 #   ab OLD_SRC [families]   old vs new in one reservation: builds the source tree OLD_SRC (e.g.
 #                           `git archive <commit> | tar -x -C .ab/old`, carried) into /tmp/oldsite
-#                           next to the current tree's build, then times each family old, new, old,
+#                           while the current tree builds, then times each family old, new, old,
 #                           new (the repeat gives the same-variant spread, PERF.md §4); JSON + logs
-#                           in $OUT/ab.tgz
+#                           in $OUT/ab.tgz. AB_VARIANTS="DIR ..." adds trees (named by their
+#                           folder: letters and underscores), built at the same time into
+#                           /tmp/site-<name> and timed after new in each round
 #   pair [args]             the default pair, recipe v3 (scripts/train_default_pair.py --device cuda)
 #                           in build/pair-v3, each call stopping in time for the 9.5-minute limit;
 #                           exit 75 = call again (the machine must stay warm: the work dir lives
@@ -109,11 +111,22 @@ sanitize() {
 cmd=${1:-all}; shift || true
 run_ab() {
   local old_src=$1; shift
-  build_old "$old_src" || exit 1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/deps .deps/nvidia_cutlass-4.2.0.0-py3-none-any.whl || true
+  # The old tree, each AB_VARIANTS tree and the current one build at the same time.
+  local pids="" variants="" d n
+  build_old "$old_src" & pids+=" $!"
+  for d in ${AB_VARIANTS:-}; do
+    n=$(basename "$d")
+    [[ $n =~ ^[A-Za-z_]+$ ]] || { echo "AB_VARIANTS: name $n must be letters and underscores"; exit 2; }
+    build_tree "$d" /tmp/site-$n "$OUT/build-$n.log" & pids+=" $!"; variants+=" $n"
+  done
+  build
+  for d in $pids; do wait $d || exit 1; done
   local fams=${@:-attention prep verify e2e}
   for rep in 1 2; do
-    for side in old new; do
+    for side in old new $variants; do
       local pp=""; [ $side = old ] && pp=/tmp/oldsite
+      [ $side != old ] && [ $side != new ] && pp=/tmp/site-$side
       for fam in $fams; do
         local out="$OUT/ab-$fam-$side$rep"
         case $fam in
@@ -129,7 +142,7 @@ run_ab() {
     done
     [ -n "${AB_ONCE:-}" ] && break
   done
-  (cd "$OUT" && tar czf ab.tgz ab-* build-old.log && rm -f ab-*.json ab-*.log build-old.log)
+  (cd "$OUT" && tar czf ab.tgz ab-* build-*.log && rm -f ab-*.json ab-*.log build-*.log)
 }
 run_flashinfer() {
   [ -d .deps/flashinfer ] || { echo "flashinfer: no .deps/flashinfer (tools/flashinfer_carry.py pack; carry .deps)"; exit 2; }
@@ -154,17 +167,20 @@ run_flashinfer() {
   done
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
 }
-build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverify / bits)
-  local old_src=$1
-  [ -d "$old_src" ] || { echo "no such source tree: $old_src"; exit 2; }
-  # SKIP_BUILD=1 also keeps an old build an earlier call of this reservation left there.
-  if [ -n "${SKIP_BUILD:-}" ] && [ -d /tmp/oldsite/peagle ]; then return 0; fi
-  [ -d "$old_src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$old_src/python/peagle/"
+build_tree() {  # build_tree SRC SITE LOG: the source tree SRC installed into SITE
+  local src=$1 site=$2 log=$3
+  [ -d "$src" ] || { echo "no such source tree: $src"; exit 2; }
+  # SKIP_BUILD=1 also keeps a build an earlier call of this reservation left there.
+  if [ -n "${SKIP_BUILD:-}" ] && [ -d "$site/peagle" ]; then return 0; fi
+  [ -d "$src/python/peagle/default_models" ] || cp -r python/peagle/default_models "$src/python/peagle/"
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # as in build()
   export PEAGLE_CUTLASS_INCLUDE=${PEAGLE_CUTLASS_INCLUDE:-/tmp/deps/cutlass_library/source/include}
-  (cd "$old_src" && PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install -q \
-    --no-build-isolation --no-deps --target /tmp/oldsite -C build-dir=/tmp/build-old . \
-    > "$OUT/build-old.log" 2>&1) || { tail -20 "$OUT/build-old.log"; return 1; }
+  (cd "$src" && PEAGLE_CUDA_ARCHS="${PEAGLE_CUDA_ARCHS:-9.0a}" python3 -m pip install -q \
+    --no-build-isolation --no-deps --target "$site" -C build-dir="/tmp/build-$(basename "$site")" . \
+    > "$log" 2>&1) || { tail -20 "$log"; return 1; }
+}
+build_old() {  # build_old SRC: the tree SRC into /tmp/oldsite (for ab / abverify / bits)
+  build_tree "$1" /tmp/oldsite "$OUT/build-old.log"
 }
 run_bits() {
   local old_src=$1; shift
@@ -273,7 +289,7 @@ case $cmd in
   test) build; run_tests "$@"; rc=$?; echo "h200.sh test: $(( $(date +%s) - t_start )) s wall (build + tests)"; exit $rc ;;
   sanitize) build; sanitize "$@" ;;
   bench) build; run_bench "$@" ;;
-  ab) build; run_ab "$@" ;;
+  ab) run_ab "$@" ;;
   pair) build; run_pair "$@"; exit $? ;;
   e2e) build; run_e2e "$@"; exit $? ;;
   ablate) build; run_ablate "$@"; exit $? ;;
