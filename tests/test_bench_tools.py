@@ -402,3 +402,28 @@ def test_ab_compare_times_each_variant_against_old(tmp_path, capsys):
     assert got == {"new": round(9.1 / 10.1, 4), "varA": round(12.1 / 10.1, 4),
                    "var_b": round(8.1 / 10.1, 4)}  # fmt: skip
     assert "variant varA (as new):" in capsys.readouterr().out
+
+
+def test_h200_sh_names_results_after_the_card_it_ran_on(tmp_path):
+    # A device call for the H200 may run on an H100: tools/h200.sh's bench and flashinfer results
+    # are named <family>-<gpu_tag>.json, so an H100 run is not filed as an H200 one.
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    script = (Path(__file__).resolve().parent.parent / "tools" / "h200.sh").read_text()
+    func = re.search(r"^gpu_tag\(\) \{.*?^\}", script, re.S | re.M).group(0)
+    assert script.count('--out "$OUT/$fam-$(gpu_tag).json"') == 2  # bench and flashinfer
+    fake = tmp_path / "nvidia-smi"
+    got = {}
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200"):
+        fake.write_text(f'#!/bin/sh\necho "{name}"\n')
+        fake.chmod(0o755)
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+        res = subprocess.run(["bash", "-c", f"{func}\ngpu_tag"], env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        got[name] = res.stdout.strip()
+    assert got == {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA B200": "b200"}

@@ -6,7 +6,8 @@
 #                           `slow` set included) under pytest-xdist, one OpenMP thread per worker;
 #                           prints its wall time, build included (README "Building for a GPU")
 #   bench [families]        `peagle bench ops` for prep verify attention kv (default) and/or e2e
-#                           (concurrency 1), results in $OUT/<family>-h200.json
+#                           (concurrency 1), results in $OUT/<family>-<gpu>.json (gpu_tag: h200,
+#                           or h100 where a lease gave an H100)
 #   ab OLD_SRC [families]   old vs new in one reservation: builds the source tree OLD_SRC (e.g.
 #                           `git archive <commit> | tar -x -C .ab/old`, carried) into /tmp/oldsite
 #                           while the current tree builds, then times each family old, new, old,
@@ -90,12 +91,20 @@ run_tests() {
   grep -hE "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" "$OUT/tests-serial.log" | tail -30
   return $rc
 }
+# The results-file suffix for the card this call runs on: a call for the H200 may get an H100.
+gpu_tag() {
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*) echo h100 ;;
+    *B200*) echo b200 ;;
+    *) echo h200 ;;
+  esac
+}
 run_bench() {
   for fam in ${@:-prep verify attention kv}; do
     case $fam in
       e2e) python3 -m peagle bench e2e --device cuda --concurrency 1 --max-minutes 8 \
              --out "$OUT/e2e-h200.json" > "$OUT/bench-e2e.log" 2>&1 ;;
-      *) python3 -m peagle bench ops "$fam" --out "$OUT/$fam-h200.json" > "$OUT/bench-$fam.log" 2>&1 ;;
+      *) python3 -m peagle bench ops "$fam" --out "$OUT/$fam-$(gpu_tag).json" > "$OUT/bench-$fam.log" 2>&1 ;;
     esac
     echo "bench $fam: rc=$?"; tail -25 "$OUT/bench-$fam.log"
   done
@@ -162,7 +171,7 @@ run_flashinfer() {
   echo "flashinfer install + modules: $(( $(date +%s) - t0 )) s"
   export FLASHINFER_DISABLE_JIT=1  # a module still missing fails its backend (recorded), no JIT
   for fam in ${@:-verify attention}; do
-    python3 -m peagle bench ops "$fam" ${FI_BENCH_ARGS:-} --out "$OUT/$fam-h200.json" > "$OUT/bench-$fam.log" 2>&1
+    python3 -m peagle bench ops "$fam" ${FI_BENCH_ARGS:-} --out "$OUT/$fam-$(gpu_tag).json" > "$OUT/bench-$fam.log" 2>&1
     echo "bench $fam: rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "flashinfer|BAD" "$OUT/bench-$fam.log" | tail -12; tail -4 "$OUT/bench-$fam.log"
   done
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)  # $OUT returns 8 files at most
