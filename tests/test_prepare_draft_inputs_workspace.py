@@ -195,7 +195,11 @@ def test_opcheck():
 
 
 def test_torch_compile_fullgraph():
+    # Hidden rows that are neither scattered nor masked keep whatever the buffer held (SPEC §4:
+    # unspecified, never compared). Comparing them made this test flaky: torch.empty memory can
+    # hold NaN, and NaN != NaN. The buffer is poisoned (NaN) so that comparing them always fails.
     args, kw, ws = example_workspace()
+    poison_workspace(ws)
 
     def step(*a):
         out = ws(*a, kw["target_hidden_states"], kw["mask_hidden"])
@@ -203,8 +207,11 @@ def test_torch_compile_fullgraph():
 
     eager = step(*args)
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
-    for e, c in zip(eager, compiled, strict=True):
+    for e, c in zip(eager[:2], compiled[:2], strict=True):
         assert torch.equal(e, c)
+    defined = ~ws.out.is_rejected
+    assert 0 < int(defined.sum()) < defined.numel()
+    assert torch.equal(eager[2][defined], compiled[2][defined])
 
 
 @requires_cuda
