@@ -340,16 +340,22 @@ __device__ __forceinline__ void load_tokens(const SampleRow& sr, int64_t v0, flo
   load_group<D>(sr.rp, v0 / 4 + 1, sr.vocab, sr.aligned, x + 4);
 }
 
+struct Weights8 {  // 8 floats passed by value, so an out-of-line call keeps them in registers
+  float v[8];
+};
+
 // Weights of the 8 tokens from v0 given their logits: e_v for kept v != exclude, or the residual
-// max(e_v / Z - q_v, 0); 0 outside [lo, hi) and for NaN / -inf scores.
-__device__ __forceinline__ void weights_of(const SampleRow& sr, int64_t v0, const float x[8],
-                                           float w[8]) {
+// max(e_v / Z - q_v, 0); 0 outside [lo, hi) and for NaN / -inf scores. Out of line: the chunk
+// sampler reaches this from ~10 unrolled sites, and inlined copies (each with an IEEE division)
+// made its chain wait to fetch its own code (docs/architecture.md, verify_chain code size).
+__device__ __noinline__ Weights8 weights_of8(const SampleRow sr, int64_t v0, const Weights8 x) {
+  Weights8 w;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int64_t v = v0 + k;
     float wk = 0.0f;
     if (v >= sr.lo && v < sr.hi) {
-      const float s = x[k] * sr.inv_t;
+      const float s = x.v[k] * sr.inv_t;
       const bool kept = score_key(s) >= sr.key;
       if (sr.q == nullptr) {
         if (kept && v != sr.exclude) wk = fast_weight(s, sr.ml);
@@ -358,8 +364,19 @@ __device__ __forceinline__ void weights_of(const SampleRow& sr, int64_t v0, cons
         wk = res > 0.0f ? res : 0.0f;
       }
     }
-    w[k] = wk;
+    w.v[k] = wk;
   }
+  return w;
+}
+
+__device__ __forceinline__ void weights_of(const SampleRow& sr, int64_t v0, const float x[8],
+                                           float w[8]) {
+  Weights8 in;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) in.v[k] = x[k];
+  const Weights8 out = weights_of8(sr, v0, in);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) w[k] = out.v[k];
 }
 
 template <LogitsDtype D>
