@@ -404,6 +404,54 @@ def test_ab_compare_times_each_variant_against_old(tmp_path, capsys):
     assert "variant varA (as new):" in capsys.readouterr().out
 
 
+def test_h200_sh_abverify_tests_and_times_each_variant(tmp_path):
+    # tools/h200.sh abverify with AB_VARIANTS: every extra tree is built, run under the verify
+    # tests with its own build first on the path, and timed after new in both rounds.
+    import re
+    import shutil
+    import subprocess
+    import tarfile
+    from pathlib import Path
+
+    if shutil.which("bash") is None or shutil.which("tar") is None:
+        pytest.skip("no bash / tar")
+    script = (Path(__file__).resolve().parent.parent / "tools" / "h200.sh").read_text()
+    func = re.search(r"^run_abverify\(\) \{.*?^\}", script, re.S | re.M).group(0)
+    stubs = (
+        'build_old() { echo "$1" > "$OUT/build-old.log"; }\n'
+        'build_tree() { echo "$1 $2" > "$3"; }\n'
+        'timeout() { shift; "$@"; }\n'
+        'python3() { if [ "$2" = pytest ]; then echo "1 passed (${PYTHONPATH:-installed})";'
+        ' else echo "{\\"site\\": \\"${PYTHONPATH:-installed}\\"}"; fi; }\n'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def run(variants: str) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "AB_VARIANTS": variants}
+        return subprocess.run(["bash", "-c", f"{stubs}{func}\nrun_abverify .ab/old"], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+
+    res = run("x/varA y/var_b")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "verify tests (varA): rc=0 1 passed (/tmp/site-varA)" in lines[1]
+    assert "verify tests (var_b): rc=0 1 passed (/tmp/site-var_b)" in lines[2]
+    timed = [ln.split(":")[0] for ln in lines[3:]]
+    assert timed == [f"{side}{rep} {kind}" for rep in (1, 2)
+                     for side in ("old", "new", "varA", "var_b")
+                     for kind in ("chunks", "default")]  # fmt: skip
+    sites = {ln.split(":", 1)[0]: ln.split('"site": "')[1].rstrip('"}') for ln in lines[3:]}
+    assert sites["old1 chunks"] == "/tmp/oldsite"
+    assert sites["new2 default"] == "installed"
+    assert sites["var_b1 default"] == "/tmp/site-var_b"
+    with tarfile.open(out / "abverify.tgz") as tf:
+        names = set(tf.getnames())
+    assert {"abv-default-varA2.log", "abv-tests-var_b.log", "build-varA.log"} <= names
+    bad = run("x/bad-name")
+    assert bad.returncode == 2 and "must be letters and underscores" in bad.stdout
+
+
 def test_h200_sh_names_results_after_the_card_it_ran_on(tmp_path):
     # A device call for the H200 may run on an H100: tools/h200.sh's bench and flashinfer results
     # are named <family>-<gpu_tag>.json, so an H100 run is not filed as an H200 one.

@@ -48,7 +48,8 @@
 #                           /tmp/oldsite beside the current tree's build, runs the verify tests
 #                           meanwhile, then tools/time_verify.py (default paths) and
 #                           PEAGLE_VERIFY_CHUNKS=1 ... --batch 1 8 64, old/new/old/new; logs in
-#                           $OUT/abverify.tgz
+#                           $OUT/abverify.tgz. AB_VARIANTS="DIR ..." adds trees as in ab (built
+#                           at the same time, each under the verify tests, timed after new)
 #   lines KERNEL_REGEX CMD...  per-instruction ncu profile of the 3rd launch of KERNEL_REGEX under
 #                           CMD (e.g. `python3 tools/verify_case.py 64`), matched to the build's
 #                           -lineinfo disassembly by tools/ncu_lines.py: $OUT/lines.txt (per
@@ -210,15 +211,26 @@ run_bits() {
   return $rc
 }
 run_abverify() {
-  local old_src=$1 t0=$(date +%s)
-  build_old "$old_src" & local bg=$!
+  local old_src=$1 t0=$(date +%s) pids="" variants="" d n
+  build_old "$old_src" & pids+=" $!"
+  for d in ${AB_VARIANTS:-}; do  # extra trees, timed after new (as in ab)
+    n=$(basename "$d")
+    [[ $n =~ ^[A-Za-z_]+$ ]] || { echo "AB_VARIANTS: name $n must be letters and underscores"; exit 2; }
+    build_tree "$d" /tmp/site-$n "$OUT/build-$n.log" & pids+=" $!"; variants+=" $n"
+  done
   OMP_NUM_THREADS=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout=150 \
     tests/test_verify_chain.py > "$OUT/abv-tests.log" 2>&1
   echo "verify tests: rc=$? $(tail -1 "$OUT/abv-tests.log") ($(( $(date +%s) - t0 )) s)"
-  wait $bg || exit 1
+  for d in $pids; do wait $d || exit 1; done
+  for n in $variants; do  # each variant's own build under the same tests
+    PYTHONPATH=/tmp/site-$n OMP_NUM_THREADS=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
+      -n 8 --timeout=150 tests/test_verify_chain.py > "$OUT/abv-tests-$n.log" 2>&1
+    echo "verify tests ($n): rc=$? $(tail -1 "$OUT/abv-tests-$n.log") ($(( $(date +%s) - t0 )) s)"
+  done
   for rep in 1 2; do
-    for side in old new; do
+    for side in old new $variants; do
       local pp=""; [ $side = old ] && pp=/tmp/oldsite
+      [ $side != old ] && [ $side != new ] && pp=/tmp/site-$side
       PYTHONPATH=$pp PEAGLE_VERIFY_CHUNKS=1 timeout 60 python3 tools/time_verify.py --batch 1 8 64 \
         > "$OUT/abv-chunks-$side$rep.log" 2>&1
       PYTHONPATH=$pp timeout 80 python3 tools/time_verify.py > "$OUT/abv-default-$side$rep.log" 2>&1
@@ -226,7 +238,7 @@ run_abverify() {
       echo "$side$rep default: $(tail -1 "$OUT/abv-default-$side$rep.log")"
     done
   done
-  (cd "$OUT" && tar czf abverify.tgz abv-*.log build-old.log && rm -f abv-*.log build-old.log)
+  (cd "$OUT" && tar czf abverify.tgz abv-*.log build-*.log && rm -f abv-*.log build-*.log)
 }
 run_lines() {
   local k=$1; shift
