@@ -395,6 +395,31 @@ __device__ __forceinline__ void cluster_merge_tile(
 // grid = work_ctas (= B * heads_tiles * max_splits: (request, split, KV head x query-tile CTA),
 // KV heads fastest) + inert_ctas that write the rows outside every request (usually none, so
 // they exit at once; last, so that they take the SM slots the work leaves free).
+// Before the PDL wait: an L2 prefetch of the block-table entries split `split` of request r
+// reads if the request fills its table (its KV length is known only after the wait). A prefetch
+// changes no value, so it is safe before the previous kernel's writes are visible, and a wrong
+// guess costs a few idle L2 lines. The lookups after the wait then hit L2: the table is the
+// second of three dependent round trips (lengths, table, K/V) before the first tile.
+__device__ __forceinline__ void prefetch_table_share(const PagedAttentionParams& p,
+                                                     const AttnGrid& grid, int32_t r,
+                                                     int32_t split) {
+  constexpr int32_t kEntriesPerLine = 32;  // int32 entries per 128-byte line
+  const int32_t cap = key_capacity_i32(p);
+  const int32_t ntk = (cap + grid.block_n - 1) / grid.block_n;
+  const int32_t n_split = split_count(ntk, grid.max_splits, p.num_splits);
+  if (split >= n_split) return;
+  const int32_t per = (ntk + n_split - 1) / n_split;
+  const int32_t key0 = split * per * grid.block_n;
+  const int32_t key1 = min(cap, (split + 1) * per * grid.block_n);  // exclusive
+  if (key0 >= key1) return;
+  const int32_t e0 = key0 >> p.log2_block_size, e1 = ((key1 - 1) >> p.log2_block_size) + 1;
+  const int32_t* row = p.block_table + static_cast<int64_t>(r) * p.block_table_stride;
+  for (int32_t e = e0 + static_cast<int32_t>(threadIdx.x) * kEntriesPerLine; e < e1;
+       e += static_cast<int32_t>(blockDim.x) * kEntriesPerLine) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + e));
+  }
+}
+
 template <typename T, int D, int kBlockM, bool kWgmma, int kBlockN, bool kCluster>
 __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads,
                                   AttnCfg<D, kBlockM, kWgmma, kBlockN>::kMinBlocks)
@@ -408,6 +433,13 @@ __global__ void __launch_bounds__(AttnCfg<D, kBlockM, kWgmma, kBlockN>::kThreads
   constexpr int kRowsPerPass = Cfg::kRowsPerPass;
   extern __shared__ __align__(1024) uint8_t smem[];
 
+  if constexpr (!kCluster) {
+    const int32_t c = static_cast<int32_t>(blockIdx.x);  // the CTA's coordinates, as below
+    const int32_t rest = c / grid.heads_tiles;
+    if (c < grid.work_ctas && rest / grid.max_splits < p.num_reqs) {
+      prefetch_table_share(p, grid, rest / grid.max_splits, rest % grid.max_splits);
+    }
+  }
   // Inputs may come from the previous kernel in the stream (PDL launch): wait before any read;
   // then let the merge kernel get scheduled (it waits for this grid's completion itself).
   griddep_wait();
