@@ -713,15 +713,16 @@ def test_cuda_short_kv_takes_64_row_query_tiles(gen, monkeypatch):
 
 @requires_cuda
 def test_cuda_single_request_short_kv_takes_one_cta_per_sm_splits(gen, monkeypatch):
-    # 32/8 x 128 with B * Hkv * 16 <= SMs over a table of <= 1024 * SMs keys in all: automatic
+    # 32/8 x 128 with B * Hkv * 16 <= SMs over a table of <= 256 * SMs keys in all: automatic
     # splits run 32-key tiles with SMs // (B * Hkv) splits (one CTA per SM) -- bitwise the forced
-    # n32 variant with that fixed split count. B = 2 or a wider table keep the default: bitwise
-    # the forced 64-row, 64-key variant (a forced tile turns the rule off).
+    # n32 variant with that fixed split count. B = 2 or a wider table (kv 8k-style: 600 pages of
+    # 16) keep the default: bitwise the forced 64-row, 64-key variant (a forced tile turns the
+    # rule off).
     props = torch.cuda.get_device_properties(0)
     if (props.major, props.minor) != (9, 0):
         pytest.skip("the rule is for the sm_90 wgmma path")
     sms = props.multi_processor_count
-    cases = [(1, None, True), (2, None, False), (1, 9000, False)]
+    cases = [(1, None, True), (2, None, False), (1, 600, False), (1, 9000, False)]
     for b, width, rule in cases:
         pb = make_problem(gen, [14] * b, [4000] * b, 32, 8, 128, 16, torch.bfloat16, "cuda",
                           max_blocks=width)  # fmt: skip

@@ -61,14 +61,16 @@ inline bool narrow_query_tiles(int64_t num_reqs, int64_t num_kv_heads, int64_t k
 // CTA per SM (auto_splits with 1 CTA per SM) instead of 64-key tiles at two per SM. There the op
 // is a latency chain of a few KV tiles per split; a CTA alone on its SM and 32-key tiles shorten
 // it. Applies where B * Hkv * 16 <= SMs (at least 16 splits per pair) and the block table holds
-// at most ~1k keys per SM in all (as narrow_query_tiles).
-//   132 SMs, 8 KV heads: B = 1 up to kv 16k (16 splits); B = 2 or a table wider than 16.9k keys
-//   -> the default. Measured (H100, three runs, docs/architecture.md): kv 1k 11.2-11.3 -> 10.5-10.9
-//   us, kv 4k 17.1-17.7 -> 16.7-17.1, kv 16k unchanged (38.5-39.6).
+// at most 256 keys per SM in all.
+//   132 SMs, 8 KV heads: B = 1 up to kv 4224 (16 splits); B = 2 or a wider table -> the default.
+//   Measured, rule vs the default in one run (docs/architecture.md): H200 kv 1k 10.95 -> 10.47 us,
+//   kv 4k 16.81 -> 15.92, but kv 8k 21.20 -> 23.54 and kv 16k 31.21 -> 37.96 (hence 256 keys per
+//   SM, not 1024); H100 kv 1k / 4k / 8k / 16k 10.78 / 17.17 / 24.90 / 38.52 -> 10.72 / 16.66 /
+//   24.04 / 38.60.
 inline bool single_cta_splits(int64_t num_reqs, int64_t num_kv_heads, int64_t kv_capacity,
                               int64_t sms, bool automatic_splits) {
   const int64_t heads = num_reqs * num_kv_heads;
-  return automatic_splits && heads > 0 && heads * 16 <= sms && kv_capacity <= 1024 * sms / heads;
+  return automatic_splits && heads > 0 && heads * 16 <= sms && kv_capacity <= 256 * sms / heads;
 }
 
 // Automatic KV splits (num_splits = 0): fill ONE wave of resident CTAs, splits = floor(SMs *
