@@ -475,3 +475,23 @@ def test_h200_sh_names_results_after_the_card_it_ran_on(tmp_path):
                              text=True, check=True)  # fmt: skip
         got[name] = res.stdout.strip()
     assert got == {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA B200": "b200"}
+
+
+def test_verify_bench_set_acceptance_gives_drafts_that_probability():
+    """The verify benchmark's ``accept=A`` cases: each draft gets target probability A at the
+    case's temperature (1: certain), the other rows stay as they were."""
+    from peagle.bench.verify_chain import accept_of, set_acceptance
+
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(12, 50000, generator=g) * 3.0).to(torch.bfloat16)
+    rows = torch.arange(0, 12, 2)
+    drafts = torch.randint(0, 50000, (6,), generator=g, dtype=torch.int32)
+    for a, tol in ((0.6, 0.03), (0.2, 0.03), (1.0, 1e-6)):
+        lg = logits.clone()
+        set_acceptance(lg, rows, drafts, 0.7, a)
+        p = torch.softmax(lg[rows].float() / 0.7, dim=1).gather(1, drafts.long().view(-1, 1))
+        torch.testing.assert_close(p.squeeze(1), torch.full((6,), a), rtol=0, atol=tol)
+        assert torch.equal(lg[1::2], logits[1::2])
+    assert accept_of("T=0.7,accept=0.6") == 0.6
+    assert accept_of("T=0.7,accept=1") == 1.0
+    assert accept_of("T=0.7") is None

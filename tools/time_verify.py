@@ -8,6 +8,7 @@ Prints one line per case, then a JSON dict of medians (µs).
     python3 tools/time_verify.py --reps 2        # each case twice (same-variant spread)
     python3 tools/time_verify.py --batch 16 32   # only V=201088 T=0.7 at these batch sizes
     python3 tools/time_verify.py --filtered      # only the top-k / top-p cases
+    python3 tools/time_verify.py --accept 0.6 1  # B=8 / 64 T=0.7, drafts accepted w.p. 0.6 / 1
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import torch
 
 from peagle.bench.timing import bench_graph, l2_rotation_sets
-from peagle.bench.verify_chain import Peagle, make_set
+from peagle.bench.verify_chain import Peagle, accept_of, make_set
 
 CASES = [
     (64, 201088, "greedy", 0.0, None),
@@ -44,16 +45,21 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--batch", type=int, nargs="*", help="only V=201088 T=0.7 at these B")
     ap.add_argument("--filtered", action="store_true", help="only the top-k / top-p cases")
+    ap.add_argument("--accept", nargs="*", help="only B=8 / 64 T=0.7 with drafts accepted "
+                    "with these probabilities (1: always)")  # fmt: skip
     args = ap.parse_args()
     cases = [(b, 201088, "T=0.7", 0.7, None) for b in args.batch] if args.batch else CASES
     if args.filtered:
         cases = FILTERED
+    if args.accept:
+        cases = [(b, 201088, f"T=0.7,accept={a}", 0.7, None) for a in args.accept for b in (8, 64)]
     res: dict[str, list[float]] = {}
     for _ in range(args.reps):
         for b, v, mode, temp, top in cases:
             logit_bytes = b * 8 * v * 2
             n_sets = l2_rotation_sets(logit_bytes)
-            sets = [make_set(b, v, temp, top, seed=i) for i in range(n_sets)]
+            accept = accept_of(mode)
+            sets = [make_set(b, v, temp, top, seed=i, accept=accept) for i in range(n_sets)]
             pe = Peagle(b)
             calls = 10 if b * v < 64 * 151936 else 5
             t = bench_graph(lambda i, pe=pe, sets=sets: pe(sets[i % len(sets)]), calls,

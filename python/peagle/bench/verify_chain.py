@@ -13,7 +13,11 @@ code and is not bit-compatible with it.
 For B in {1, 8, 64}, K = 7, V in {151936, 201088}, greedy and T = 0.7 (plus top-k/top-p at
 B in {1, 64}, and "vllm-draws": peagle given vLLM's random inputs -- float64 uniforms, an
 exponential race over [B, V] float32 exponentials, bonus token ids -- as the vLLM adapter
-calls it): both implementations run on the same inputs in the same process, inside CUDA graphs
+calls it; and "accept=0.6" / "accept=1" at B in {8, 64}: each draft's logit raised so that the
+target accepts it with that probability, like a drafter of per-token acceptance 0.6 (mean
+acceptance length ~2.4 of 8) or one always accepted -- the plain T = 0.7 rows give the argmax
+only ~8 % of the mass, so nearly every chain stops at its first draft): both implementations run
+on the same inputs in the same process, inside CUDA graphs
 (N calls captured back to back, replay / N, median of >= 100 replays), rotating through enough
 input sets to exceed the L2 several times (cold L2). Greedy outputs of the two paths are
 compared before timing. GB/s counts the bf16 logits bytes once; % is of a device-to-device copy
@@ -35,6 +39,8 @@ prints BAD). Errors of the peer are recorded under ``flashinfer`` in the results
 from __future__ import annotations
 
 import argparse
+import math
+import re
 
 import torch
 
@@ -61,8 +67,32 @@ K = 7
 # ---------------------------------------------------------------------------------------------
 
 
+def accept_of(mode: str) -> float | None:
+    """The draft acceptance probability a case name asks for (``accept=0.6``), else None."""
+    m = re.search(r"accept=([0-9.]+)", mode)
+    return float(m.group(1)) if m else None
+
+
+def set_acceptance(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor, temp: float,
+                   accept: float) -> None:  # fmt: skip
+    """Raise each draft's logit in place so that the target gives it probability ``accept`` at
+    ``temp`` (1: certain), whatever the rest of its row; chains then stop at geometric depths
+    (mean acceptance length sum of accept^j), like a drafter of that per-token acceptance."""
+    s = logits[rows].float() / temp
+    s.scatter_(1, drafts.long().view(-1, 1), -math.inf)
+    rest = torch.logsumexp(s, dim=1)
+    margin = 60.0 if accept >= 1.0 else math.log(accept / (1.0 - accept))
+    logits[rows, drafts.long()] = ((rest + margin) * temp).to(logits.dtype)
+
+
 def make_set(
-    b: int, v: int, temp: float, top: tuple[int, float] | None, seed: int, draws: bool = False
+    b: int,
+    v: int,
+    temp: float,
+    top: tuple[int, float] | None,
+    seed: int,
+    draws: bool = False,
+    accept: float | None = None,
 ) -> dict:
     g = torch.Generator(device="cuda").manual_seed(seed)
     rows = b * (K + 1)
@@ -75,6 +105,8 @@ def make_set(
     rand_ids = torch.randint(0, v, (b * K,), device="cuda", generator=g, dtype=torch.int32)
     keep = torch.rand(b * K, device="cuda", generator=g) < 0.8
     drafts = torch.where(keep, drafts, rand_ids)
+    if accept is not None:
+        set_acceptance(logits, draft_rows, drafts, temp, accept)
     s = {
         "logits": logits,
         "drafts": drafts,
@@ -239,7 +271,8 @@ def run_case(res: Results, b: int, v: int, mode: str, temp: float, top, replays:
     logit_bytes = b * (K + 1) * v * 2
     draws = "vllm-draws" in mode
     n_sets = l2_rotation_sets(logit_bytes + (b * v * 4 if draws else 0))
-    sets = [make_set(b, v, temp, top, seed=i, draws=draws) for i in range(n_sets)]
+    accept = accept_of(mode)
+    sets = [make_set(b, v, temp, top, seed=i, draws=draws, accept=accept) for i in range(n_sets)]
     name = case_name(b, v, mode)
     peagle = Peagle(b)
     greedy = temp == 0.0
@@ -322,6 +355,11 @@ def run(args: argparse.Namespace) -> None:
         cases.append((b, 201088, "T=0.7,top_k=50,top_p=0.9", 0.7, (50, 0.9)))
     for b in [1, 64] if not args.quick else [8]:
         cases.append((b, 201088, "T=0.7,vllm-draws", 0.7, None))
+    # Drafts the target accepts with probability 0.6 (mean acceptance length ~2.4 of 8, near
+    # P-EAGLE's published 2.6) and always (every row needed: early exit's worst case).
+    for a in ["0.6", "1"]:
+        for b in [8, 64] if not args.quick else [8]:
+            cases.append((b, 201088, f"T=0.7,accept={a}", 0.7, None))
 
     for b, v, mode, temp, top in cases:
         name = case_name(b, v, mode)
